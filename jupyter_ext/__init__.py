@@ -1,0 +1,1 @@
+"""nblaunch's JupyterLab extension (server side)."""

@@ -1,0 +1,1 @@
+"""nblaunch's kernel side: run distributed PyTorch from a notebook."""

@@ -1,0 +1,418 @@
+"""The launch configuration: one schema, its file format, and where values come from.
+
+Everything that reads or writes ``nblaunch.yaml`` goes through this module: the engine
+(``notebook_launcher`` / ``%%distributed``), the JupyterLab server extension and, through
+the server's JSON, the side panel.  Key names follow Accelerate's ``default_config.yaml``
+where they mean the same thing, so a file written here is readable by ``accelerate``
+and vice versa (``import_accelerate`` / ``export_accelerate``).
+
+Resolution order, highest first::
+
+    call arguments / magic flags  >  nblaunch.yaml  >  detected hardware  >  defaults
+
+and the file itself is found as: explicit path > ``$NBLAUNCH_CONFIG`` > ``nblaunch.yaml``
+walking up from the working directory > Accelerate's default config (overlapping keys).
+
+Example::
+
+    >>> cfg = resolve_config({"num_processes": 4})
+    >>> cfg.values["num_processes"], cfg.sources["num_processes"]
+    (4, 'argument')
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import LaunchConfigError
+
+CONFIG_FILENAME = "nblaunch.yaml"
+ENV_CONFIG = "NBLAUNCH_CONFIG"
+
+
+@dataclasses.dataclass(frozen=True)
+class Field:
+    """One configuration key: its type, default, allowed values and help text."""
+
+    name: str
+    type: str  # "int" | "str" | "bool" | "float" | "dict" | "list"
+    default: Any
+    help: str
+    group: str
+    choices: tuple | None = None
+    nullable: bool = False
+    minimum: float | None = None
+    accelerate: bool = False  # the key exists with the same meaning in Accelerate's config
+
+    def to_json(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["choices"] = list(self.choices) if self.choices is not None else None
+        return out
+
+
+MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+
+FIELDS: tuple[Field, ...] = (
+    Field("num_processes", "int", None, "Number of worker processes. Empty: one per visible GPU, or 2 without GPUs.",
+          "processes", nullable=True, minimum=1, accelerate=True),
+    Field("gpu_ids", "str", "all", "GPUs to use, as 'all' or comma-separated indices ('0,1'); sets CUDA_VISIBLE_DEVICES.",
+          "processes", accelerate=True),
+    Field("use_cpu", "bool", False, "Run on CPU even when GPUs are present.", "processes", accelerate=True),
+    Field("backend", "str", "auto", "Process-group backend. auto: nccl when every rank has its own GPU, gloo otherwise.",
+          "processes", choices=("auto", "nccl", "gloo")),
+    Field("start_method", "str", "auto",
+          "How workers start. auto: fork unless CUDA is already initialized in the kernel, then spawn.",
+          "processes", choices=("auto", "fork", "spawn")),
+    Field("mixed_precision", "str", "no", "Mixed precision passed to Accelerate (ACCELERATE_MIXED_PRECISION).",
+          "precision", choices=MIXED_PRECISION, accelerate=True),
+    Field("downcast_bf16", "bool", False, "Accelerate: downcast bf16 results to fp32 (TPU only).",
+          "precision", accelerate=True),
+    Field("output", "str", "rank0", "Which ranks' output shows in the cell: rank0, all (prefixed [rank N]) or none.",
+          "output", choices=("rank0", "all", "none")),
+    Field("progress", "str", "rank0", "Which ranks' progress bars show: rank0 or all.", "output",
+          choices=("rank0", "all")),
+    Field("log_dir", "str", None, "Folder for per-rank log files. Empty: a folder under the system temp dir.",
+          "output", nullable=True),
+    Field("timeout", "float", None, "Stop the run after this many seconds. Empty: no limit.", "run",
+          nullable=True, minimum=0),
+    Field("main_process_port", "int", None, "Rendezvous port. Empty or taken: a free port is chosen.", "run",
+          nullable=True, minimum=0, accelerate=True),
+    Field("env", "dict", {}, "Extra environment variables for every worker.", "run"),
+    Field("num_machines", "int", 1, "Number of machines (more than 1 needs a multi-machine engine).",
+          "machines", minimum=1, accelerate=True),
+    Field("machine_rank", "int", 0, "This machine's rank among num_machines.", "machines", minimum=0,
+          accelerate=True),
+    Field("main_process_ip", "str", None, "Address of machine 0 (multi-machine only).", "machines",
+          nullable=True, accelerate=True),
+    Field("rdzv_backend", "str", "static", "Rendezvous backend (multi-machine only).", "machines",
+          choices=("static", "c10d"), accelerate=True),
+    Field("same_network", "bool", True, "Accelerate: all machines are on the same network.", "machines",
+          accelerate=True),
+    Field("dynamo_config", "dict", {}, "Accelerate dynamo settings (dynamo_backend, dynamo_mode, ...).",
+          "advanced", accelerate=True),
+    Field("fsdp_config", "dict", {}, "Accelerate FSDP settings (fsdp_version, fsdp_sharding_strategy, ...).",
+          "advanced", accelerate=True),
+    Field("deepspeed_config", "dict", {}, "Accelerate DeepSpeed settings (zero_stage, ...).", "advanced",
+          accelerate=True),
+    Field("debug", "bool", False, "Accelerate debug mode (checks collective shapes).", "advanced",
+          accelerate=True),
+)
+FIELDS_BY_NAME = {f.name: f for f in FIELDS}
+
+# Accelerate keys that describe its launcher rather than the run; read and written back
+# so a round trip loses nothing, but not shown as nblaunch settings.
+ACCELERATE_PASSTHROUGH = {"compute_environment", "distributed_type", "main_training_function",
+                          "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "enable_cpu_affinity"}
+
+
+def schema() -> list[dict]:
+    """The schema as JSON-ready dicts, in display order (served to the side panel)."""
+    return [f.to_json() for f in FIELDS]
+
+
+def defaults() -> dict:
+    return {f.name: _copy(f.default) for f in FIELDS}
+
+
+def _copy(v):
+    return dict(v) if isinstance(v, dict) else list(v) if isinstance(v, list) else v
+
+
+def _allowed(f: Field) -> str:
+    if f.choices:
+        return "one of " + ", ".join(repr(c) for c in f.choices)
+    base = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
+            "dict": "a mapping", "list": "a list"}[f.type]
+    if f.minimum is not None:
+        base += f" >= {f.minimum:g}"
+    return base + (" or empty" if f.nullable else "")
+
+
+def check_value(name: str, value: Any) -> Any:
+    """Validate and normalise one value; raise LaunchConfigError naming key, value and what is allowed."""
+    f = FIELDS_BY_NAME.get(name)
+    if f is None:
+        raise LaunchConfigError(name, value, "a known key: " + ", ".join(FIELDS_BY_NAME))
+    if value is None:
+        if f.nullable:
+            return None
+        if f.type in ("dict", "list"):
+            return _copy(f.default)
+        raise LaunchConfigError(name, value, _allowed(f))
+    v = value
+    if f.type == "int":
+        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise LaunchConfigError(name, value, _allowed(f))
+    elif f.type == "float":
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                raise LaunchConfigError(name, value, _allowed(f)) from None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise LaunchConfigError(name, value, _allowed(f))
+        v = float(v)
+    elif f.type == "bool":
+        if isinstance(v, str) and v.lower() in ("true", "false", "yes", "no", "1", "0"):
+            v = v.lower() in ("true", "yes", "1")
+        if not isinstance(v, bool):
+            raise LaunchConfigError(name, value, _allowed(f))
+    elif f.type == "str":
+        if name == "gpu_ids" and isinstance(v, int) and not isinstance(v, bool):
+            v = str(v)
+        if name == "gpu_ids" and isinstance(v, (list, tuple)):
+            v = ",".join(str(int(i)) for i in v)
+        if not isinstance(v, str):
+            raise LaunchConfigError(name, value, _allowed(f))
+        if f.choices and v not in f.choices:
+            raise LaunchConfigError(name, value, _allowed(f))
+        if name == "gpu_ids":
+            v = v.replace(" ", "")
+            if v != "all" and not all(p.isdigit() for p in v.split(",")):
+                raise LaunchConfigError(name, value, "'all' or comma-separated GPU indices such as '0,1'")
+    elif f.type == "dict":
+        if not isinstance(v, dict):
+            raise LaunchConfigError(name, value, _allowed(f))
+        if name == "env":
+            v = {str(k): str(val) for k, val in v.items()}
+    if f.minimum is not None and v < f.minimum:
+        raise LaunchConfigError(name, value, _allowed(f))
+    return v
+
+
+def validate(values: dict) -> tuple[dict, dict[str, str]]:
+    """Check every known key. Returns (normalised values, {key: error message})."""
+    good, errors = {}, {}
+    for k, v in values.items():
+        if k not in FIELDS_BY_NAME:
+            continue
+        try:
+            good[k] = check_value(k, v)
+        except LaunchConfigError as e:
+            errors[k] = e.allowed_message
+    return good, errors
+
+
+@dataclasses.dataclass
+class ConfigFile:
+    """A parsed config file: known values, unknown keys (kept on save) and warnings."""
+
+    path: Path | None
+    values: dict
+    unknown: dict
+    warnings: list[str]
+
+
+def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
+    where = str(path) if path else "<config>"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise LaunchConfigError(None, None, None,
+                                message=f"{where} is not valid YAML{line}: {getattr(e, 'problem', e)}. "
+                                        "Fix the file (or delete it to use defaults).", path=path) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LaunchConfigError(None, None, None, path=path,
+                                message=f"{where} must hold a mapping of keys to values, found {type(data).__name__}.")
+    values, unknown, warnings = {}, {}, []
+    for k, v in data.items():
+        k = str(k)
+        if k in FIELDS_BY_NAME:
+            try:
+                values[k] = check_value(k, v)
+            except LaunchConfigError as e:
+                e.path = path
+                raise
+        else:
+            unknown[k] = v
+            if k not in ACCELERATE_PASSTHROUGH:
+                warnings.append(f"{where}: unknown key {k!r} is kept but ignored")
+    return ConfigFile(path, values, unknown, warnings)
+
+
+def load_config_file(path: str | os.PathLike) -> ConfigFile:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise LaunchConfigError(None, None, None, path=p,
+                                message=f"config file {p} does not exist. Create it from the side panel, "
+                                        f"or pass an existing path.") from None
+    return parse_config_text(text, p)
+
+
+def dump_config_text(values: dict, unknown: dict | None = None) -> str:
+    """YAML text for a config: known keys in schema order (non-default only), then unknown keys."""
+    out = {}
+    for f in FIELDS:
+        if f.name in values and values[f.name] != f.default:
+            out[f.name] = values[f.name]
+    for k, v in (unknown or {}).items():
+        if k not in FIELDS_BY_NAME:
+            out[k] = v
+    return yaml.safe_dump(out, sort_keys=False, default_flow_style=False) if out else "{}\n"
+
+
+def save_config_file(path: str | os.PathLike, values: dict, unknown: dict | None = None) -> Path:
+    """Validate, then write atomically (temporary file in the same folder, then rename)."""
+    good, errors = validate(values)
+    if errors:
+        k = next(iter(errors))
+        raise LaunchConfigError(k, values[k], None, message=f"{k}: {errors[k]}")
+    p = Path(path)
+    text = dump_config_text(good, unknown)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if p.exists():
+            os.chmod(tmp, p.stat().st_mode & 0o777)
+        os.replace(tmp, p)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return p
+
+
+def accelerate_default_config_path() -> Path:
+    """Where ``accelerate config`` writes its default file (same rules as Accelerate)."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
+    return Path(hf_home) / "accelerate" / "default_config.yaml"
+
+
+def find_config_path(start: str | os.PathLike | None = None, explicit: str | os.PathLike | None = None
+                     ) -> tuple[Path | None, str]:
+    """The config file a launch from ``start`` would read, and why: (path or None, kind)."""
+    if explicit:
+        return Path(explicit), "explicit"
+    if os.environ.get(ENV_CONFIG):
+        return Path(os.environ[ENV_CONFIG]), ENV_CONFIG
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / CONFIG_FILENAME).is_file():
+            return d / CONFIG_FILENAME, "nblaunch.yaml"
+    acc = accelerate_default_config_path()
+    if acc.is_file():
+        return acc, "accelerate"
+    return None, "none"
+
+
+def import_accelerate(path_or_text: str | os.PathLike, *, text: bool = False) -> ConfigFile:
+    """Read an Accelerate config (overlapping keys become nblaunch values)."""
+    raw = str(path_or_text) if text else Path(path_or_text).read_text()
+    where = None if text else Path(path_or_text)
+    try:
+        data = yaml.safe_load(raw) or {}
+    except yaml.YAMLError as e:
+        raise LaunchConfigError(None, None, None, message=f"Accelerate config is not valid YAML: {e}") from None
+    if not isinstance(data, dict):
+        raise LaunchConfigError(None, None, None, message="Accelerate config must be a mapping")
+    values, unknown, warnings = {}, {}, []
+    for k, v in data.items():
+        f = FIELDS_BY_NAME.get(k)
+        if f is not None and f.accelerate:
+            if k == "num_processes" and v is not None and int(v) < 1:
+                continue  # Accelerate writes -1 for "decide at launch"
+            try:
+                values[k] = check_value(k, v)
+            except LaunchConfigError as e:
+                warnings.append(f"{k}: {e.allowed_message}; skipped")
+        else:
+            unknown[k] = v
+    if data.get("distributed_type") == "MULTI_CPU" or data.get("use_cpu"):
+        values["use_cpu"] = True
+    return ConfigFile(where, values, unknown, warnings)
+
+
+def export_accelerate(values: dict) -> dict:
+    """A mapping that ``accelerate launch --config_file`` accepts, for this config."""
+    v = {**defaults(), **{k: x for k, x in values.items() if k in FIELDS_BY_NAME}}
+    n = v["num_processes"] or 1
+    if v["use_cpu"]:
+        dist_type = "MULTI_CPU" if n > 1 or v["num_machines"] > 1 else "NO"
+    elif v["fsdp_config"]:
+        dist_type = "FSDP"
+    elif v["deepspeed_config"]:
+        dist_type = "DEEPSPEED"
+    else:
+        dist_type = "MULTI_GPU" if n > 1 or v["num_machines"] > 1 else "NO"
+    out = {
+        "compute_environment": "LOCAL_MACHINE",
+        "debug": v["debug"],
+        "distributed_type": dist_type,
+        "downcast_bf16": "no" if not v["downcast_bf16"] else "yes",
+        "gpu_ids": v["gpu_ids"],
+        "machine_rank": v["machine_rank"],
+        "main_training_function": "main",
+        "mixed_precision": v["mixed_precision"],
+        "num_machines": v["num_machines"],
+        "num_processes": n,
+        "rdzv_backend": v["rdzv_backend"],
+        "same_network": v["same_network"],
+        "tpu_env": [],
+        "tpu_use_cluster": False,
+        "tpu_use_sudo": False,
+        "use_cpu": v["use_cpu"],
+    }
+    if v["main_process_ip"]:
+        out["main_process_ip"] = v["main_process_ip"]
+    if v["main_process_port"]:
+        out["main_process_port"] = v["main_process_port"]
+    for k in ("dynamo_config", "fsdp_config", "deepspeed_config"):
+        if v[k]:
+            out[k] = v[k]
+    return out
+
+
+@dataclasses.dataclass
+class ResolvedConfig:
+    """Final values, and for each key where it came from ('argument', a file path, 'detected', 'default')."""
+
+    values: dict
+    sources: dict
+    path: Path | None
+    warnings: list[str]
+
+    def __getitem__(self, key):
+        return self.values[key]
+
+
+def resolve_config(arguments: dict | None = None, *, config: str | os.PathLike | None = None,
+                   cwd: str | os.PathLike | None = None) -> ResolvedConfig:
+    """Merge call arguments over the config file over defaults; validate everything.
+
+    ``arguments`` holds only what the caller gave explicitly (None values are ignored).
+    Hardware-dependent defaults (num_processes) stay None here; the launch plan fills them.
+    """
+    values, sources = defaults(), {f.name: "default" for f in FIELDS}
+    path, kind = find_config_path(cwd, config)
+    warnings: list[str] = []
+    if path is not None:
+        if kind == "accelerate":
+            cf = import_accelerate(path)
+        else:
+            cf = load_config_file(path)
+        warnings.extend(cf.warnings)
+        for k, v in cf.values.items():
+            values[k], sources[k] = v, str(path)
+    for k, v in (arguments or {}).items():
+        if v is None:
+            continue
+        values[k], sources[k] = check_value(k, v), "argument"
+    return ResolvedConfig(values, sources, path, warnings)
