@@ -59,56 +59,162 @@ class Field:
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
 
 FIELDS: tuple[Field, ...] = (
-    Field("num_processes", "int", None, "Number of worker processes. Empty: one per visible GPU, or 2 without GPUs.",
-          "processes", nullable=True, minimum=1, accelerate=True),
-    Field("gpu_ids", "str", "all", "GPUs to use, as 'all' or comma-separated indices ('0,1'); sets CUDA_VISIBLE_DEVICES.",
-          "processes", accelerate=True),
+    Field(
+        "num_processes",
+        "int",
+        None,
+        "Number of worker processes. Empty: one per visible GPU, or 2 without GPUs.",
+        "processes",
+        nullable=True,
+        minimum=1,
+        accelerate=True,
+    ),
+    Field(
+        "gpu_ids",
+        "str",
+        "all",
+        "GPUs to use, as 'all' or comma-separated indices ('0,1'); sets CUDA_VISIBLE_DEVICES.",
+        "processes",
+        accelerate=True,
+    ),
     Field("use_cpu", "bool", False, "Run on CPU even when GPUs are present.", "processes", accelerate=True),
-    Field("backend", "str", "auto", "Process-group backend. auto: nccl when every rank has its own GPU, gloo otherwise.",
-          "processes", choices=("auto", "nccl", "gloo")),
-    Field("start_method", "str", "auto",
-          "How workers start. auto: fork unless CUDA is already initialized in the kernel, then spawn.",
-          "processes", choices=("auto", "fork", "spawn")),
-    Field("mixed_precision", "str", "no", "Mixed precision passed to Accelerate (ACCELERATE_MIXED_PRECISION).",
-          "precision", choices=MIXED_PRECISION, accelerate=True),
-    Field("downcast_bf16", "bool", False, "Accelerate: downcast bf16 results to fp32 (TPU only).",
-          "precision", accelerate=True),
-    Field("output", "str", "rank0", "Which ranks' output shows in the cell: rank0, all (prefixed [rank N]) or none.",
-          "output", choices=("rank0", "all", "none")),
-    Field("progress", "str", "rank0", "Which ranks' progress bars show: rank0 or all.", "output",
-          choices=("rank0", "all")),
-    Field("log_dir", "str", None, "Folder for per-rank log files. Empty: a folder under the system temp dir.",
-          "output", nullable=True),
-    Field("timeout", "float", None, "Stop the run after this many seconds. Empty: no limit.", "run",
-          nullable=True, minimum=0),
-    Field("main_process_port", "int", None, "Rendezvous port. Empty or taken: a free port is chosen.", "run",
-          nullable=True, minimum=0, accelerate=True),
+    Field(
+        "backend",
+        "str",
+        "auto",
+        "Process-group backend. auto: nccl when every rank has its own GPU, gloo otherwise.",
+        "processes",
+        choices=("auto", "nccl", "gloo"),
+    ),
+    Field(
+        "start_method",
+        "str",
+        "auto",
+        "How workers start. auto: fork unless CUDA is already initialized in the kernel, then spawn.",
+        "processes",
+        choices=("auto", "fork", "spawn"),
+    ),
+    Field(
+        "mixed_precision",
+        "str",
+        "no",
+        "Mixed precision passed to Accelerate (ACCELERATE_MIXED_PRECISION).",
+        "precision",
+        choices=MIXED_PRECISION,
+        accelerate=True,
+    ),
+    Field(
+        "downcast_bf16",
+        "bool",
+        False,
+        "Accelerate: downcast bf16 results to fp32 (TPU only).",
+        "precision",
+        accelerate=True,
+    ),
+    Field(
+        "output",
+        "str",
+        "rank0",
+        "Which ranks' output shows in the cell: rank0, all (prefixed [rank N]) or none.",
+        "output",
+        choices=("rank0", "all", "none"),
+    ),
+    Field(
+        "progress", "str", "rank0", "Which ranks' progress bars show: rank0 or all.", "output", choices=("rank0", "all")
+    ),
+    Field(
+        "log_dir",
+        "str",
+        None,
+        "Folder for per-rank log files. Empty: a folder under the system temp dir.",
+        "output",
+        nullable=True,
+    ),
+    Field(
+        "timeout",
+        "float",
+        None,
+        "Stop the run after this many seconds. Empty: no limit.",
+        "run",
+        nullable=True,
+        minimum=0,
+    ),
+    Field(
+        "main_process_port",
+        "int",
+        None,
+        "Rendezvous port. Empty or taken: a free port is chosen.",
+        "run",
+        nullable=True,
+        minimum=0,
+        accelerate=True,
+    ),
     Field("env", "dict", {}, "Extra environment variables for every worker.", "run"),
-    Field("num_machines", "int", 1, "Number of machines (more than 1 needs a multi-machine engine).",
-          "machines", minimum=1, accelerate=True),
-    Field("machine_rank", "int", 0, "This machine's rank among num_machines.", "machines", minimum=0,
-          accelerate=True),
-    Field("main_process_ip", "str", None, "Address of machine 0 (multi-machine only).", "machines",
-          nullable=True, accelerate=True),
-    Field("rdzv_backend", "str", "static", "Rendezvous backend (multi-machine only).", "machines",
-          choices=("static", "c10d"), accelerate=True),
-    Field("same_network", "bool", True, "Accelerate: all machines are on the same network.", "machines",
-          accelerate=True),
-    Field("dynamo_config", "dict", {}, "Accelerate dynamo settings (dynamo_backend, dynamo_mode, ...).",
-          "advanced", accelerate=True),
-    Field("fsdp_config", "dict", {}, "Accelerate FSDP settings (fsdp_version, fsdp_sharding_strategy, ...).",
-          "advanced", accelerate=True),
-    Field("deepspeed_config", "dict", {}, "Accelerate DeepSpeed settings (zero_stage, ...).", "advanced",
-          accelerate=True),
-    Field("debug", "bool", False, "Accelerate debug mode (checks collective shapes).", "advanced",
-          accelerate=True),
+    Field(
+        "num_machines",
+        "int",
+        1,
+        "Number of machines (more than 1 needs a multi-machine engine).",
+        "machines",
+        minimum=1,
+        accelerate=True,
+    ),
+    Field("machine_rank", "int", 0, "This machine's rank among num_machines.", "machines", minimum=0, accelerate=True),
+    Field(
+        "main_process_ip",
+        "str",
+        None,
+        "Address of machine 0 (multi-machine only).",
+        "machines",
+        nullable=True,
+        accelerate=True,
+    ),
+    Field(
+        "rdzv_backend",
+        "str",
+        "static",
+        "Rendezvous backend (multi-machine only).",
+        "machines",
+        choices=("static", "c10d"),
+        accelerate=True,
+    ),
+    Field(
+        "same_network", "bool", True, "Accelerate: all machines are on the same network.", "machines", accelerate=True
+    ),
+    Field(
+        "dynamo_config",
+        "dict",
+        {},
+        "Accelerate dynamo settings (dynamo_backend, dynamo_mode, ...).",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "fsdp_config",
+        "dict",
+        {},
+        "Accelerate FSDP settings (fsdp_version, fsdp_sharding_strategy, ...).",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "deepspeed_config", "dict", {}, "Accelerate DeepSpeed settings (zero_stage, ...).", "advanced", accelerate=True
+    ),
+    Field("debug", "bool", False, "Accelerate debug mode (checks collective shapes).", "advanced", accelerate=True),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
 
 # Accelerate keys that describe its launcher rather than the run; read and written back
 # so a round trip loses nothing, but not shown as nblaunch settings.
-ACCELERATE_PASSTHROUGH = {"compute_environment", "distributed_type", "main_training_function",
-                          "tpu_env", "tpu_use_cluster", "tpu_use_sudo", "enable_cpu_affinity"}
+ACCELERATE_PASSTHROUGH = {
+    "compute_environment",
+    "distributed_type",
+    "main_training_function",
+    "tpu_env",
+    "tpu_use_cluster",
+    "tpu_use_sudo",
+    "enable_cpu_affinity",
+}
 
 
 def schema() -> list[dict]:
@@ -127,8 +233,14 @@ def _copy(v):
 def _allowed(f: Field) -> str:
     if f.choices:
         return "one of " + ", ".join(repr(c) for c in f.choices)
-    base = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string",
-            "dict": "a mapping", "list": "a list"}[f.type]
+    base = {
+        "int": "an integer",
+        "float": "a number",
+        "bool": "true or false",
+        "str": "a string",
+        "dict": "a mapping",
+        "list": "a list",
+    }[f.type]
     if f.minimum is not None:
         base += f" >= {f.minimum:g}"
     return base + (" or empty" if f.nullable else "")
@@ -218,14 +330,24 @@ def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise LaunchConfigError(None, None, None,
-                                message=f"{where} is not valid YAML{line}: {getattr(e, 'problem', e)}. "
-                                        "Fix the file (or delete it to use defaults).", path=path) from None
+        raise LaunchConfigError(
+            None,
+            None,
+            None,
+            message=f"{where} is not valid YAML{line}: {getattr(e, 'problem', e)}. "
+            "Fix the file (or delete it to use defaults).",
+            path=path,
+        ) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise LaunchConfigError(None, None, None, path=path,
-                                message=f"{where} must hold a mapping of keys to values, found {type(data).__name__}.")
+        raise LaunchConfigError(
+            None,
+            None,
+            None,
+            path=path,
+            message=f"{where} must hold a mapping of keys to values, found {type(data).__name__}.",
+        )
     values, unknown, warnings = {}, {}, []
     for k, v in data.items():
         k = str(k)
@@ -247,9 +369,13 @@ def load_config_file(path: str | os.PathLike) -> ConfigFile:
     try:
         text = p.read_text()
     except FileNotFoundError:
-        raise LaunchConfigError(None, None, None, path=p,
-                                message=f"config file {p} does not exist. Create it from the side panel, "
-                                        f"or pass an existing path.") from None
+        raise LaunchConfigError(
+            None,
+            None,
+            None,
+            path=p,
+            message=f"config file {p} does not exist. Create it from the side panel, or pass an existing path.",
+        ) from None
     return parse_config_text(text, p)
 
 
@@ -292,12 +418,14 @@ def save_config_file(path: str | os.PathLike, values: dict, unknown: dict | None
 def accelerate_default_config_path() -> Path:
     """Where ``accelerate config`` writes its default file (same rules as Accelerate)."""
     hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface")
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
     return Path(hf_home) / "accelerate" / "default_config.yaml"
 
 
-def find_config_path(start: str | os.PathLike | None = None, explicit: str | os.PathLike | None = None
-                     ) -> tuple[Path | None, str]:
+def find_config_path(
+    start: str | os.PathLike | None = None, explicit: str | os.PathLike | None = None
+) -> tuple[Path | None, str]:
     """The config file a launch from ``start`` would read, and why: (path or None, kind)."""
     if explicit:
         return Path(explicit), "explicit"
@@ -393,8 +521,9 @@ class ResolvedConfig:
         return self.values[key]
 
 
-def resolve_config(arguments: dict | None = None, *, config: str | os.PathLike | None = None,
-                   cwd: str | os.PathLike | None = None) -> ResolvedConfig:
+def resolve_config(
+    arguments: dict | None = None, *, config: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None
+) -> ResolvedConfig:
     """Merge call arguments over the config file over defaults; validate everything.
 
     ``arguments`` holds only what the caller gave explicitly (None values are ignored).

@@ -56,12 +56,18 @@ def _ram_bytes() -> int | None:
 
 def detect_hardware(timeout: float = 60.0) -> dict:
     """CPU count, RAM, torch/CUDA versions and GPUs (index, name, memory), as plain JSON data."""
-    info = {"cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "ram_bytes": _ram_bytes(), "python": sys.executable}
+    info = {
+        "cpu_count": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "ram_bytes": _ram_bytes(),
+        "python": sys.executable,
+    }
     try:
         proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=timeout)
-        probe = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.stdout.strip() else {
-            "gpus": [], "error": proc.stderr.strip()[-500:]}
+        probe = (
+            json.loads(proc.stdout.strip().splitlines()[-1])
+            if proc.stdout.strip()
+            else {"gpus": [], "error": proc.stderr.strip()[-500:]}
+        )
     except (subprocess.TimeoutExpired, json.JSONDecodeError) as e:
         probe = {"gpus": [], "error": f"hardware probe failed: {e}"}
     info.update(probe)

@@ -1,0 +1,426 @@
+"""The one launch engine behind ``notebook_launcher()`` and ``%%distributed``.
+
+``launch(request)`` resolves the plan, starts the workers, and runs a single loop in the
+calling thread that multiplexes every rank's stdout/stderr/event pipes and exit
+notifications. The first failure (an error event, a non-zero exit, a timeout, Ctrl-C)
+stops every other rank at once — ranks blocked in a collective included — and the call
+returns promptly with a ``WorkerError`` naming the root cause.
+
+Example::
+
+    >>> out = launch(LaunchRequest(fn=train, args=(0.1,), arguments={"num_processes": 2}))  # doctest: +SKIP
+    >>> out.value, out.report.startup_s
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+import selectors
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+import cloudpickle
+
+from . import cuda_guard, hardware
+from .channel import EventReader
+from .config import resolve_config
+from .errors import LaunchConfigError, LaunchError, LaunchTimeoutError, WorkerError
+from .group import WorkerGroup
+from .output import RankOutputRouter
+from .plan import LaunchPlan, make_plan
+from .report import Failure, LaunchReport, RankReport, format_failure_message
+from .worker import Payload
+
+TERMINATE_GRACE_S = 2.0
+INTERRUPT_GRACE_S = 1.0
+_launch_lock = threading.Lock()
+_state = {"last_report": None, "warmed": False}
+
+
+@dataclasses.dataclass
+class LaunchRequest:
+    """What to run and how. ``arguments`` holds only explicitly given config keys."""
+
+    fn: object
+    args: tuple = ()
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    arguments: dict = dataclasses.field(default_factory=dict)
+    config: str | None = None
+    return_all: bool = False
+    describe_args: tuple[str, ...] | None = None  # names for args in error messages
+    on_event: object = None  # callable(rank, kind, payload) for progress/metrics renderers
+    stdout: object = None
+    stderr: object = None
+    line_prefix: str | None = None  # torchrun-style template: "${rank}", "${local_rank}", "${role_name}"
+    restart_count: int = 0
+
+
+@dataclasses.dataclass
+class LaunchOutcome:
+    value: object
+    values: list | None
+    report: LaunchReport
+
+
+def last_report() -> LaunchReport | None:
+    """The report of the most recent launch in this process (success or failure)."""
+    return _state["last_report"]
+
+
+def _warm_imports() -> None:
+    """Pay once in the kernel what every forked worker would otherwise pay on its first DDP/collective."""
+    if _state["warmed"]:
+        return
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    try:
+        import torch._dynamo  # noqa: F401  (imported by the first DDP construction, ~2.7 s per process)
+    except Exception:
+        pass
+    _state["warmed"] = True
+
+
+def _listen_socket(requested: int | None, out) -> socket.socket:
+    """Hold the rendezvous port from now until the TCPStore takes it over: no race with another launch."""
+    if requested:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", requested))
+            s.listen(1024)
+            return s
+        except OSError:
+            s.close()
+            fallback = _listen_socket(None, out)
+            out.write(f"nblaunch: port {requested} is in use; using free port {fallback.getsockname()[1]} instead.\n")
+            return fallback
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1024)
+    return s
+
+
+def _log_dir(plan: LaunchPlan) -> str:
+    base = plan.log_dir or os.path.join(tempfile.gettempdir(), f"nblaunch-{os.getuid()}")
+    os.makedirs(base, exist_ok=True)
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=base)
+
+
+def _check_picklable(req: LaunchRequest) -> bytes:
+    """Pickle the function and arguments once for spawn; an unpicklable one is named before anything starts."""
+    try:
+        return cloudpickle.dumps((req.fn, req.args, req.kwargs), protocol=5)
+    except Exception as e:
+        parts = [("the function", req.fn)]
+        names = req.describe_args or tuple(f"args[{i}]" for i in range(len(req.args)))
+        parts += list(zip(names, req.args, strict=True)) + [(f"kwargs[{k!r}]", v) for k, v in req.kwargs.items()]
+        for name, obj in parts:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as inner:
+                raise LaunchConfigError(
+                    name,
+                    obj,
+                    None,
+                    message=f"{name} ({type(obj).__name__}) cannot be sent to spawned workers: "
+                    f"{type(inner).__name__}: {inner}. Use start_method='fork' (possible while CUDA is not "
+                    "initialized in the kernel), or create that object inside the launched function. "
+                    "Nothing was started.",
+                ) from None
+        raise LaunchConfigError(None, None, None, message=f"cannot pickle the launch for spawn: {e}") from None
+
+
+def launch(req: LaunchRequest) -> LaunchOutcome:
+    """Run ``req.fn`` on every rank; return rank 0's value (and all values with ``return_all``)."""
+    if not callable(req.fn):
+        raise LaunchConfigError("function", req.fn, "a callable (a function defined in the notebook, say)")
+    out = req.stdout or sys.stdout
+    err = req.stderr or sys.stderr
+    cfg = resolve_config(req.arguments, config=req.config)
+    for w in cfg.warnings:
+        err.write(f"nblaunch: {w}\n")
+    plan = make_plan(
+        cfg,
+        gpus=hardware.gpu_count(),
+        cuda_initialized=cuda_guard.is_cuda_initialized(),
+        init_site=cuda_guard.first_init_site(),
+    )
+    if plan.start_method == "spawn" and plan.start_reason.startswith("nblaunch:"):
+        out.write(plan.start_reason + "\n")
+    blob = _check_picklable(req) if plan.start_method == "spawn" else None
+    if not _launch_lock.acquire(blocking=False):
+        raise LaunchError(
+            "another nblaunch launch is already running in this kernel (from another thread); "
+            "launches run one at a time. Wait for it to finish, then launch again."
+        )
+    try:
+        return _run(req, plan, blob, out, err)
+    finally:
+        _launch_lock.release()
+
+
+def _run(req: LaunchRequest, plan: LaunchPlan, blob, out, err) -> LaunchOutcome:
+    t_call = time.monotonic()
+    if plan.start_method == "fork":
+        _warm_imports()
+    sock = _listen_socket(plan.requested_port, out)
+    port = sock.getsockname()[1]
+    log_dir = _log_dir(plan)
+    report = LaunchReport(
+        world_size=plan.num_processes,
+        backend=plan.backend,
+        start_method=plan.start_method,
+        port=port,
+        log_dir=log_dir,
+        started_at=time.time(),
+    )
+    _state["last_report"] = report
+    payloads = [
+        Payload(
+            fn=req.fn,
+            args=req.args,
+            kwargs=req.kwargs,
+            rank=r,
+            world_size=plan.num_processes,
+            backend=plan.backend,
+            device=plan.device_for(r),
+            env={**plan.env_for(r, port), "TORCHELASTIC_RESTART_COUNT": str(req.restart_count)},
+            parent_pid=os.getpid(),
+            events_fd=-1,
+            return_result=(r == 0 or req.return_all),
+        )
+        for r in range(plan.num_processes)
+    ]
+    router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
+    group = store = None
+    try:
+        group = WorkerGroup.start(payloads, plan.start_method, spawn_blob=blob, keep_fds=(sock.fileno(),))
+        report.ranks = [RankReport(rank=w.rank, pid=w.pid, log_path=router.log_paths[w.rank]) for w in group.workers]
+        store = _start_store(sock, port, plan.num_processes)
+        sock = None
+        loop = _EventLoop(group, router, report, req, plan, t_call)
+        loop.run()
+    except KeyboardInterrupt:
+        report.outcome = "interrupted"
+        raise
+    finally:
+        if sock is not None:
+            sock.close()
+        if group is not None:
+            group.close(grace=INTERRUPT_GRACE_S if report.outcome == "interrupted" else TERMINATE_GRACE_S)
+            for rr, w in zip(report.ranks, group.workers, strict=True):
+                rr.status = w.status
+        router.finish()
+        del store  # stops the TCPStore server and frees the port
+        report.ended_at = time.time()
+        report.wall_s = time.monotonic() - t_call
+    return _outcome(report, loop, req, router)
+
+
+def _start_store(sock: socket.socket, port: int, world_size: int):
+    from torch.distributed import TCPStore
+
+    fd = sock.detach()  # the TCPStore owns the listening socket from here on
+    return TCPStore(
+        "127.0.0.1",
+        port,
+        world_size,
+        True,
+        datetime.timedelta(seconds=300),
+        wait_for_workers=False,
+        master_listen_fd=fd,
+    )
+
+
+def _outcome(report: LaunchReport, loop: _EventLoop, req: LaunchRequest, router) -> LaunchOutcome:
+    if report.failures:
+        root = report.root_cause()
+        message = format_failure_message(report, root, router)
+        cls = LaunchTimeoutError if report.outcome == "timeout" else WorkerError
+        raise cls(message, rank=root.rank, failures=report.failures, report=report)
+    report.outcome = "ok"
+    values = [cloudpickle.loads(b) if b is not None else None for b in loop.results]
+    return LaunchOutcome(values[0], values if req.return_all else None, report)
+
+
+class _EventLoop:
+    """The kernel loop: pipes and exits of every rank, multiplexed in the calling thread."""
+
+    def __init__(
+        self,
+        group: WorkerGroup,
+        router: RankOutputRouter,
+        report: LaunchReport,
+        req: LaunchRequest,
+        plan: LaunchPlan,
+        t_call: float,
+    ):
+        self.group, self.router, self.report, self.req, self.plan = group, router, report, req, plan
+        self.t_call = t_call
+        self.results: list[bytes | None] = [None] * plan.num_processes
+        self.readers = [EventReader() for _ in group.workers]
+        self.sel = selectors.DefaultSelector()
+        self.stopping_since: float | None = None
+        self.ready = 0
+        for w in group.workers:
+            p = w.pipes
+            for fd in p.read_ends():
+                os.set_blocking(fd, False)
+            self.sel.register(p.stdout_r, selectors.EVENT_READ, (w, "stdout"))
+            self.sel.register(p.stderr_r, selectors.EVENT_READ, (w, "stderr"))
+            self.sel.register(p.events_r, selectors.EVENT_READ, (w, "events"))
+            if w.pidfd is not None:
+                self.sel.register(w.pidfd, selectors.EVENT_READ, (w, "exit"))
+
+    def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._drain_all()
+            self.sel.close()
+
+    def _loop(self) -> None:
+        deadline = self.t_call + self.plan.timeout if self.plan.timeout else None
+        polling = any(w.pidfd is None for w in self.group.workers)
+        while True:
+            alive = [w for w in self.group.workers if w.status is None]
+            if not alive:
+                return
+            now = time.monotonic()
+            if self.stopping_since is not None and now - self.stopping_since > TERMINATE_GRACE_S:
+                return  # close() sends SIGKILL to what is left
+            if deadline is not None and now >= deadline and self.stopping_since is None:
+                self._fail_timeout()
+                continue
+            wait = 0.1
+            if deadline is not None and self.stopping_since is None:
+                wait = min(wait, max(0.0, deadline - now))
+            if polling:
+                wait = min(wait, 0.02)
+            for key, _ in self.sel.select(wait):
+                w, kind = key.data
+                if kind == "exit":
+                    self._on_exit(w)
+                else:
+                    self._read(w, kind, key.fd)
+            if polling:
+                for w in alive:
+                    if w.status is None and self.group.poll(w) is not None:
+                        self._on_exit(w)
+            self.router.flush_stale()
+
+    def _read(self, w, kind: str, fd: int) -> bool:
+        try:
+            data = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            return False
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(fd)
+            return False
+        if kind == "events":
+            for ev_kind, payload in self.readers[w.rank].feed(data):
+                self._on_event(w, ev_kind, payload)
+        else:
+            self.router.feed(w.rank, kind, data)
+        return True
+
+    def _drain(self, w) -> None:
+        """Everything a finished worker wrote is in its pipes already: read it before judging its exit."""
+        for fd, kind in ((w.pipes.events_r, "events"), (w.pipes.stdout_r, "stdout"), (w.pipes.stderr_r, "stderr")):
+            try:
+                self.sel.get_key(fd)
+            except KeyError:
+                continue
+            while self._read(w, kind, fd):
+                pass
+
+    def _drain_all(self) -> None:
+        for w in self.group.workers:
+            self._drain(w)
+
+    def _on_exit(self, w) -> None:
+        self.group.poll(w)
+        if w.pidfd is not None:
+            try:
+                self.sel.unregister(w.pidfd)
+            except KeyError:
+                pass
+        self._drain(w)
+        rr = self.report.ranks[w.rank]
+        rr.status = w.status
+        rr.ended_s = time.monotonic() - self.t_call
+        if w.status.ok:
+            if self.req.return_all or w.rank == 0:
+                if self.results[w.rank] is None and self.stopping_since is None:
+                    self._fail(
+                        Failure(
+                            rank=w.rank,
+                            kind="exit",
+                            message="exited with code 0 before sending its "
+                            "result (os._exit(0) or sys.exit(0) in the launched code?)",
+                            t=time.monotonic(),
+                            status=w.status,
+                        )
+                    )
+            return
+        if not any(f.rank == w.rank for f in self.report.failures):
+            if self.stopping_since is not None and w.status.signal is not None:
+                return  # stopped by us
+            self._fail(
+                Failure(rank=w.rank, kind="exit", message=w.status.describe(), t=time.monotonic(), status=w.status)
+            )
+        else:
+            for f in self.report.failures:
+                if f.rank == w.rank:
+                    f.status = w.status
+
+    def _on_event(self, w, kind: str, payload) -> None:
+        if kind == "ready":
+            rr = self.report.ranks[w.rank]
+            rr.ready_s = payload["t"] - self.t_call
+            self.ready += 1
+            if self.ready == len(self.group.workers):
+                self.report.startup_s = max(r.ready_s for r in self.report.ranks)
+        elif kind == "result":
+            self.results[w.rank] = payload
+        elif kind == "error":
+            self._fail(
+                Failure(
+                    rank=w.rank,
+                    kind="error",
+                    message=f"{payload['type']}: {payload['message']}",
+                    t=payload["t"],
+                    traceback=payload["traceback"],
+                    phase=payload["phase"],
+                    exc_type=payload["type"],
+                )
+            )
+        if self.req.on_event is not None:
+            self.req.on_event(w.rank, kind, payload)
+
+    def _fail(self, failure: Failure) -> None:
+        self.report.failures.append(failure)
+        if self.stopping_since is None:
+            self.report.outcome = "failed"
+            self.stopping_since = time.monotonic()
+            self.group.signal_all(15)  # SIGTERM; close() follows with SIGKILL
+
+    def _fail_timeout(self) -> None:
+        self._fail(
+            Failure(
+                rank=None,
+                kind="timeout",
+                t=time.monotonic(),
+                message=f"the run exceeded timeout={self.plan.timeout:g}s and every rank was stopped",
+            )
+        )
+        self.report.outcome = "timeout"

@@ -1,0 +1,131 @@
+"""``notebook_launcher()``: Accelerate's function, argument for argument, on nblaunch's engine."""
+
+from __future__ import annotations
+
+import inspect
+import sys
+
+from .engine import LaunchRequest, launch
+from .errors import LaunchConfigError, LaunchTimeoutError, WorkerError
+
+_LOOPBACK = ("127.0.0.1", "localhost", "::1", "")
+
+
+def _arg_names(function, args) -> tuple[str, ...]:
+    try:
+        params = list(inspect.signature(function).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    names = []
+    for i in range(len(args)):
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
+            names.append(f"argument {params[i].name!r} (args[{i}])")
+        else:
+            names.append(f"args[{i}]")
+    return tuple(names)
+
+
+def notebook_launcher(
+    function,
+    args=(),
+    num_processes=None,
+    mixed_precision=None,
+    use_port=None,
+    master_addr="127.0.0.1",
+    node_rank=0,
+    num_nodes=1,
+    rdzv_backend="static",
+    rdzv_endpoint="",
+    rdzv_conf=None,
+    rdzv_id="none",
+    max_restarts=0,
+    monitor_interval=0.1,
+    log_line_prefix_template=None,
+    *,
+    backend=None,
+    start_method=None,
+    gpu_ids=None,
+    output=None,
+    return_all=False,
+    timeout=None,
+    config=None,
+    kwargs=None,
+):
+    """Run ``function(*args)`` on ``num_processes`` workers with torch.distributed set up; return rank 0's value.
+
+    Takes every argument of ``accelerate.notebook_launcher`` with the same meaning, so replacing
+    the import is enough. Keyword-only extras: ``backend`` ("auto" | "nccl" | "gloo"),
+    ``start_method`` ("auto" | "fork" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
+    ("rank0" | "all" | "none"), ``return_all`` (list of every rank's value), ``timeout``
+    (seconds), ``config`` (path of an nblaunch.yaml), ``kwargs`` (keyword arguments for
+    ``function``). Anything not given comes from nblaunch.yaml, then defaults.
+
+    Example::
+
+        >>> def train(lr):
+        ...     import torch.distributed as dist
+        ...     return dist.get_rank(), lr
+        >>> notebook_launcher(train, args=(0.1,), num_processes=2)
+        (0, 0.1)
+
+    Raises ``LaunchConfigError`` for bad arguments (before anything starts), ``WorkerError``
+    when a rank fails (``LaunchTimeoutError`` after ``timeout``), ``KeyboardInterrupt`` on
+    interrupt; in every case all workers are stopped before the call returns.
+    """
+    if not callable(function):
+        raise LaunchConfigError("function", function, "a callable, e.g. a function defined in the notebook")
+    if not isinstance(args, (tuple, list)):
+        raise LaunchConfigError("args", args, "a tuple of positional arguments, e.g. args=(cfg,)")
+    if num_nodes is None or int(num_nodes) != 1:
+        raise NotImplementedError(
+            f"num_nodes={num_nodes}: nblaunch runs on one machine for now; launches across machines will go "
+            "through torch's elastic launcher (torchrun, c10d rendezvous) or Ray. Use num_nodes=1."
+        )
+    if node_rank not in (0, None):
+        raise LaunchConfigError("node_rank", node_rank, "0 when num_nodes=1")
+    if master_addr not in _LOOPBACK:
+        sys.stderr.write(
+            f"nblaunch: master_addr={master_addr!r} is only used across machines; a launch on one "
+            "machine rendezvous on 127.0.0.1.\n"
+        )
+    if not isinstance(max_restarts, int) or max_restarts < 0:
+        raise LaunchConfigError("max_restarts", max_restarts, "an integer >= 0")
+    if monitor_interval is not None and not (isinstance(monitor_interval, (int, float)) and monitor_interval > 0):
+        raise LaunchConfigError("monitor_interval", monitor_interval, "a number of seconds > 0")
+    if rdzv_backend not in ("static", "c10d", None):
+        raise LaunchConfigError("rdzv_backend", rdzv_backend, "'static' or 'c10d'")
+    port = None if use_port in (None, "", 0, "0") else use_port
+    arguments = {
+        "num_processes": num_processes,
+        "mixed_precision": mixed_precision,
+        "main_process_port": port,
+        "backend": backend,
+        "start_method": start_method,
+        "gpu_ids": gpu_ids,
+        "output": output,
+        "timeout": timeout,
+    }
+    req = LaunchRequest(
+        fn=function,
+        args=tuple(args),
+        kwargs=dict(kwargs or {}),
+        arguments=arguments,
+        config=config,
+        return_all=return_all,
+        describe_args=_arg_names(function, args),
+        line_prefix=log_line_prefix_template,
+    )
+    for attempt in range(max_restarts + 1):
+        req.restart_count = attempt
+        try:
+            outcome = launch(req)
+            return outcome.values if return_all else outcome.value
+        except LaunchTimeoutError:
+            raise
+        except WorkerError as e:
+            if attempt == max_restarts:
+                raise
+            sys.stderr.write(
+                f"nblaunch: rank {e.rank} failed; restarting all ranks "
+                f"(restart {attempt + 1} of max_restarts={max_restarts}).\n"
+            )
