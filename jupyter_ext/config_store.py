@@ -84,8 +84,9 @@ class ConfigStore:
         if kind == "accelerate":
             read_from = path
             loaded = _load_accelerate(path)
-            loaded.warnings.insert(0, f"Values come from Accelerate's default config {path}; "
-                                      f"saving writes them to {target}.")
+            loaded.warnings.insert(
+                0, f"Values come from Accelerate's default config {path}; saving writes them to {target}."
+            )
         elif path is not None and path.exists():
             read_from = path
             loaded = _load_nblaunch(path)
@@ -121,8 +122,10 @@ class ConfigStore:
             unparsable = current.error is not None and current.error["key"] is None
             if unparsable and not overwrite:
                 raise PanelRequestError(
-                    409, f"{target} could not be read, so it was not overwritten: {current.error['message']}",
-                    detail={"error": current.error})
+                    409,
+                    f"{target} could not be read, so it was not overwritten: {current.error['message']}",
+                    detail={"error": current.error},
+                )
             unknown = current.unknown
         good = _validated(values)
         try:
@@ -171,8 +174,12 @@ class ConfigStore:
         except OSError as e:
             raise PanelRequestError(500, f"could not write {path}: {e.strerror or e}") from None
         shown = self._display(path)
-        return {"path": str(path), "display_path": shown, "text": text,
-                "command": f"accelerate launch --config_file {shlex.quote(shown)} train.py"}
+        return {
+            "path": str(path),
+            "display_path": shown,
+            "text": text,
+            "command": f"accelerate launch --config_file {shlex.quote(shown)} train.py",
+        }
 
 
 class _LoadedFile:

@@ -80,9 +80,12 @@ class AccelerateExportHandler(_PanelHandler):
 def setup_routes(web_app, store: ConfigStore, hardware: HardwareCache) -> None:
     base = url_path_join(web_app.settings["base_url"], "nblaunch")
     deps = {"store": store, "hardware": hardware}
-    web_app.add_handlers(".*$", [
-        (url_path_join(base, "config"), ConfigHandler, deps),
-        (url_path_join(base, "hardware"), HardwareHandler, deps),
-        (url_path_join(base, "accelerate", "import"), AccelerateImportHandler, deps),
-        (url_path_join(base, "accelerate", "export"), AccelerateExportHandler, deps),
-    ])
+    web_app.add_handlers(
+        ".*$",
+        [
+            (url_path_join(base, "config"), ConfigHandler, deps),
+            (url_path_join(base, "hardware"), HardwareHandler, deps),
+            (url_path_join(base, "accelerate", "import"), AccelerateImportHandler, deps),
+            (url_path_join(base, "accelerate", "export"), AccelerateExportHandler, deps),
+        ],
+    )

@@ -56,6 +56,7 @@ class LaunchRequest:
     on_event: object = None  # callable(rank, kind, payload) for progress/metrics renderers
     stdout: object = None
     stderr: object = None
+    bind: object = None  # callable(plan) -> the function to run, once the plan (fork/spawn...) is known
     line_prefix: str | None = None  # torchrun-style template: "${rank}", "${local_rank}", "${role_name}"
     restart_count: int = 0
 
@@ -152,6 +153,8 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         cuda_initialized=cuda_guard.is_cuda_initialized(),
         init_site=cuda_guard.first_init_site(),
     )
+    if req.bind is not None:
+        req.fn = req.bind(plan)
     if plan.start_method == "spawn" and plan.start_reason.startswith("nblaunch:"):
         out.write(plan.start_reason + "\n")
     blob = _check_picklable(req) if plan.start_method == "spawn" else None

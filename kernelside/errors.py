@@ -5,7 +5,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-class LaunchConfigError(ValueError):
+class _ShortTraceback:
+    """IPython shows ``_render_traceback_()`` instead of the stack: for these errors the stack
+    is nblaunch's own plumbing, and the message already says what, where and what to do."""
+
+    def _render_traceback_(self) -> list[str]:
+        red, reset = "\x1b[31m", "\x1b[0m"
+        lines = str(self).splitlines() or [""]
+        return [f"{red}{type(self).__name__}{reset}: {lines[0]}", *lines[1:]]
+
+
+class LaunchConfigError(_ShortTraceback, ValueError):
     """A launch argument, magic flag or config value is invalid; nothing was started.
 
     ``key``, ``value`` and ``allowed`` name the offending setting, ``path`` the file it came from.
@@ -29,11 +39,11 @@ class LaunchConfigError(ValueError):
         return f"invalid {self.key}={self.value!r}{where}: allowed is {self.allowed}. Nothing was started."
 
 
-class LaunchError(RuntimeError):
+class LaunchError(_ShortTraceback, RuntimeError):
     """The launch could not start (no free port, fork not possible, ...); nothing is left running."""
 
 
-class WorkerError(RuntimeError):
+class WorkerError(_ShortTraceback, RuntimeError):
     """A worker rank failed. ``rank`` is the root cause; ``failures`` lists every failed rank.
 
     ``report`` is the run report (exit codes, timings, log paths) of the failed run.

@@ -25,10 +25,12 @@ import signal
 import sys
 import time
 import traceback
+import types
 
 from .channel import EventWriter
 
 PR_SET_PDEATHSIG = 1
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclasses.dataclass
@@ -184,6 +186,10 @@ def _to_cpu_pickler():
 
     class ToCPUPickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
+            if isinstance(obj, (type, types.FunctionType)) and _KERNEL_MAIN_OBJECTS.get(
+                getattr(obj, "__qualname__", None)
+            ) == id(obj):
+                return (_kernel_main_attr, (obj.__qualname__,))
             if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
                 cpu = obj.detach().to("cpu")
                 if type(obj) is not torch.Tensor and type(cpu) is type(obj):
@@ -198,6 +204,24 @@ def _identity(x):
     return x
 
 
+# Under fork, classes and functions the notebook defined before the launch exist in the
+# kernel too: results refer to them by name, so a returned ``Net`` instance is an instance
+# of the notebook's own ``Net`` class, not of a copy.
+_KERNEL_MAIN_OBJECTS: dict[str, int] = {}
+
+
+def _remember_kernel_main_objects() -> None:
+    main = sys.modules.get("__main__")
+    for name, obj in list(vars(main).items()) if main is not None else ():
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            if getattr(obj, "__qualname__", None) == name:
+                _KERNEL_MAIN_OBJECTS[name] = id(obj)
+
+
+def _kernel_main_attr(qualname: str):
+    return getattr(sys.modules["__main__"], qualname)
+
+
 def dumps_result(value) -> bytes:
     """Pickle a return value with every tensor on CPU, so the kernel never initializes CUDA receiving it."""
     buf = io.BytesIO()
@@ -205,8 +229,8 @@ def dumps_result(value) -> bytes:
     return buf.getvalue()
 
 
-def _unwrap_for_return(value):
-    # A DDP / FSDP wrapper is only meaningful inside the process group; hand back the model.
+def unwrap_for_return(value):
+    """A DDP-wrapped module comes back as the plain module."""
     mod = getattr(value, "module", None)
     if mod is not None and type(value).__name__ in ("DistributedDataParallel", "DataParallel"):
         return mod
@@ -216,7 +240,7 @@ def _unwrap_for_return(value):
 def _user_traceback(exc: BaseException) -> str:
     """The formatted traceback without nblaunch's own frames at the top."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+    while tb is not None and os.path.dirname(tb.tb_frame.f_code.co_filename) == _PACKAGE_DIR:
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 
@@ -256,7 +280,7 @@ def run(p: Payload) -> None:
         value = p.fn(*p.args, **p.kwargs)
         phase = "result"
         if p.return_result:
-            events.send("result", dumps_result(_unwrap_for_return(value)))
+            events.send("result", dumps_result(unwrap_for_return(value)))
         code = 0
     except SystemExit as e:  # sys.exit(0) in user code is a normal end, like a script's
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -300,6 +324,7 @@ def enter_forked(p: Payload, out_fd: int, err_fd: int) -> None:
             except OSError:
                 pass
         _fresh_std_streams()
+        _remember_kernel_main_objects()
     except BaseException:
         os._exit(70)
     run(p)

@@ -22,7 +22,12 @@ export function createFieldEditor(model: ConfigModel, field: IFieldSchema): IFie
     ? createMappingEditor(model, field, id)
     : createInput(model, field, id, `${helpId} ${errorId}`);
   const dirtyMark = h('span', { class: 'nblaunch-dirty-mark', title: 'unsaved change' }, '●');
-  const label = h('label', { for: id, class: 'nblaunch-label' }, h('code', {}, field.name), dirtyMark);
+  const label = h(
+    'label',
+    { for: id, class: 'nblaunch-label' },
+    h('code', {}, field.name),
+    dirtyMark
+  );
   const error = h('div', { id: errorId, class: 'nblaunch-field-error', role: 'alert' });
   const help = h('div', { id: helpId, class: 'nblaunch-help' }, field.help);
   const node = h(
@@ -144,10 +149,14 @@ function createMappingEditor(model: ConfigModel, field: IFieldSchema, id: string
       }
     });
     node.append(
-      button('Add', () => {
-        model.setRows(field.name, [...model.rows(field.name), { key: '', value: '' }]);
-        render(true);
-      }, { class: 'nblaunch-mapping-add', 'aria-label': `add a ${field.name} entry` })
+      button(
+        'Add',
+        () => {
+          model.setRows(field.name, [...model.rows(field.name), { key: '', value: '' }]);
+          render(true);
+        },
+        { class: 'nblaunch-mapping-add', 'aria-label': `add a ${field.name} entry` }
+      )
     );
   };
   render();

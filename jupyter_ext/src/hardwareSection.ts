@@ -38,11 +38,19 @@ export class HardwareSection {
     }
     if (hardware.gpus.length === 0) {
       this.node.append(
-        h('p', { class: 'nblaunch-help' }, 'No CUDA GPUs: workers run on CPU with the gloo backend.')
+        h(
+          'p',
+          { class: 'nblaunch-help' },
+          'No CUDA GPUs: workers run on CPU with the gloo backend.'
+        )
       );
       return;
     }
-    const list = h('fieldset', { class: 'nblaunch-gpus' }, h('legend', {}, 'GPUs to use (gpu_ids)'));
+    const list = h(
+      'fieldset',
+      { class: 'nblaunch-gpus' },
+      h('legend', {}, 'GPUs to use (gpu_ids)')
+    );
     this._checkboxes = hardware.gpus.map(gpu => {
       const id = `nblaunch-gpu-${gpu.index}`;
       const box = h('input', { type: 'checkbox', id, 'data-gpu': String(gpu.index) });

@@ -1,0 +1,27 @@
+import {
+  cellsToInsert,
+  DISTRIBUTED_CELL_SOURCE,
+  LOAD_EXT_SOURCE,
+  needsLoadExt
+} from '../src/cellTemplate';
+
+describe('the inserted %%distributed cell', () => {
+  it('starts with the cell magic and prints world_size', () => {
+    expect(DISTRIBUTED_CELL_SOURCE.split('\n')[0]).toBe('%%distributed');
+    expect(DISTRIBUTED_CELL_SOURCE).toContain('world_size == {world_size}');
+  });
+
+  it('comes after %load_ext kernelside in a notebook that has not loaded it', () => {
+    expect(cellsToInsert(['import torch'])).toEqual([LOAD_EXT_SOURCE, DISTRIBUTED_CELL_SOURCE]);
+  });
+
+  it('comes alone when a cell already loads the extension', () => {
+    expect(needsLoadExt(['import torch\n%load_ext kernelside'])).toBe(false);
+    expect(needsLoadExt(['%reload_ext kernelside'])).toBe(false);
+    expect(cellsToInsert(['%load_ext kernelside'])).toEqual([DISTRIBUTED_CELL_SOURCE]);
+  });
+
+  it('does not mistake another extension for kernelside', () => {
+    expect(needsLoadExt(['%load_ext kernelside_extras'])).toBe(true);
+  });
+});

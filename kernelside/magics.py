@@ -1,0 +1,188 @@
+"""IPython magics: ``%%distributed``, ``%distributed_config``, ``%distributed_last``.
+
+The magics only parse and delegate: the cell becomes a ``CellProgram`` and goes through the
+same ``engine.launch()`` that ``notebook_launcher()`` uses.
+
+Example (in a notebook)::
+
+    %load_ext kernelside
+
+    %%distributed -n 2 --return model
+    model = DDP(Net())
+    ...
+"""
+
+from __future__ import annotations
+
+import sys
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from . import cuda_guard, hardware
+from .cell import prepare_cell, ship_namespace
+from .config import resolve_config
+from .engine import LaunchRequest, last_report, launch
+from .errors import LaunchConfigError
+from .plan import make_plan
+
+
+def _names(spec: str | None) -> tuple[str, ...]:
+    if not spec:
+        return ()
+    names = tuple(n.strip() for n in spec.split(",") if n.strip())
+    bad = [n for n in names if not n.isidentifier()]
+    if bad:
+        raise LaunchConfigError("--return", spec, "comma-separated Python names, e.g. --return model,losses")
+    return names
+
+
+def _return_from(spec: str) -> int | str:
+    if spec == "all":
+        return "all"
+    if spec.isdigit():
+        return int(spec)
+    raise LaunchConfigError("--return-from", spec, "a rank number (0, 1, ...) or 'all'")
+
+
+@magics_class
+class DistributedMagics(Magics):
+    @magic_arguments()
+    @argument(
+        "-n",
+        "--num-processes",
+        type=int,
+        default=None,
+        help="Number of workers (default: from nblaunch.yaml, else one per GPU, or 2 without GPUs).",
+    )
+    @argument("--backend", default=None, help="auto | nccl | gloo (auto: nccl when each rank has its own GPU).")
+    @argument("--start-method", default=None, help="auto | fork | spawn (auto: fork unless CUDA is initialized here).")
+    @argument("--mixed-precision", default=None, help="no | fp16 | bf16 | fp8 (read by Accelerate in the workers).")
+    @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
+    @argument("--output", default=None, help="Whose output shows in the cell: rank0 | all | none.")
+    @argument("--progress", default=None, help="Whose progress bars show: rank0 | all.")
+    @argument(
+        "--return",
+        dest="return_names",
+        default=None,
+        metavar="NAMES",
+        help="Comma-separated names to bring back into the notebook after the run, e.g. model,losses.",
+    )
+    @argument(
+        "--return-from",
+        default="0",
+        metavar="RANK|all",
+        help="Which rank's values --return brings back (default 0); all: each name becomes a list by rank.",
+    )
+    @argument("--timeout", type=float, default=None, help="Stop every rank after this many seconds.")
+    @argument("--config", default=None, metavar="PATH", help="nblaunch.yaml to use instead of the one found.")
+    @argument("--port", type=int, default=None, help="Rendezvous port (a free one is used if it is taken).")
+    @cell_magic
+    def distributed(self, line, cell):
+        """Run this cell on N workers with torch.distributed set up; rank 0's output streams here.
+
+        Inside the cell: the notebook's names plus ``rank``, ``local_rank``, ``world_size`` and
+        ``device``. The last expression (on rank 0) is the cell's result; ``--return`` names are
+        assigned in the notebook afterwards.
+        """
+        args = parse_argstring(self.distributed, line)
+        return_names = _names(args.return_names)
+        return_from = _return_from(args.return_from)
+        shell = self.shell
+        program = prepare_cell(
+            cell, cell_label=f"In[{shell.execution_count}]", line_offset=1, return_names=return_names
+        )
+
+        def bind(plan):
+            if isinstance(return_from, int) and return_from >= plan.num_processes:
+                raise LaunchConfigError(
+                    "--return-from",
+                    return_from,
+                    f"a rank below the number of processes ({plan.num_processes}) or 'all'",
+                )
+            # fork: the workers inherit the notebook's namespace itself; spawn: ship what the cell uses
+            program.namespace = shell.user_ns if plan.start_method == "fork" else ship_namespace(program, shell.user_ns)
+            return program
+
+        arguments = {
+            "num_processes": args.num_processes,
+            "backend": args.backend,
+            "start_method": args.start_method,
+            "mixed_precision": args.mixed_precision,
+            "gpu_ids": args.gpu_ids,
+            "output": args.output,
+            "progress": args.progress,
+            "timeout": args.timeout,
+            "main_process_port": args.port,
+        }
+        req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
+        outcome = launch(req)
+        results = outcome.values if req.return_all else [outcome.value]
+        chosen = results[0] if return_from in (0, "all") else results[return_from]
+        missing = chosen["missing"]
+        if missing:
+            rank = 0 if return_from == "all" else return_from
+            raise LaunchConfigError(
+                "--return",
+                ",".join(missing),
+                None,
+                message=f"--return: rank {rank} did not define {', '.join(repr(m) for m in missing)}. Names that "
+                f"exist after the cell: {', '.join(chosen['available']) or '(none)'}. The other names were "
+                "not assigned either.",
+            )
+        if return_from == "all":
+            for name in return_names:
+                shell.user_ns[name] = [r["returned"][name] for r in results]
+        else:
+            shell.user_ns.update(chosen["returned"])
+        return results[0]["last"]
+
+    @line_magic
+    def distributed_config(self, line):
+        """Show the configuration the next launch would use, where each value comes from, and the plan."""
+        path = line.strip() or None
+        cfg = resolve_config({}, config=path)
+        gpus = hardware.gpu_count()
+        out = [f"config file: {cfg.path or '(none found; using defaults)'}"]
+        width = max(len(k) for k in cfg.values)
+        for k, v in cfg.values.items():
+            out.append(f"  {k:<{width}}  {v!r:<24} from {cfg.sources[k]}")
+        out += [f"  warning: {w}" for w in cfg.warnings]
+        out.append(f"detected: {gpus} GPU(s), {_cpu_count()} CPU core(s), python {sys.executable}")
+        try:
+            plan = make_plan(
+                cfg,
+                gpus=gpus,
+                cuda_initialized=cuda_guard.is_cuda_initialized(),
+                init_site=cuda_guard.first_init_site(),
+            )
+            out.append(
+                f"plan: {plan.num_processes} processes, backend {plan.backend}, devices "
+                f"{[plan.device_for(r) for r in range(plan.num_processes)]}"
+            )
+            out.append(f"start method: {plan.start_method} ({plan.start_reason.removeprefix('nblaunch: ')})")
+        except (LaunchConfigError, NotImplementedError) as e:
+            out.append(f"plan: not possible: {e}")
+        print("\n".join(out))
+
+    @line_magic
+    def distributed_last(self, line):
+        """The last run's report: per-rank exit status, start-up and wall time, log files, metrics."""
+        report = last_report()
+        if report is None:
+            print("No nblaunch run in this kernel yet.")
+        return report
+
+
+# A misspelt or shortened flag is an error, never silently taken for another flag.
+DistributedMagics.distributed.parser.allow_abbrev = False
+
+
+def _cpu_count() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def register(ipython) -> None:
+    ipython.register_magics(DistributedMagics)

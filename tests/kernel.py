@@ -1,0 +1,92 @@
+"""A real IPython kernel for tests, driven through jupyter_client."""
+
+from __future__ import annotations
+
+import os
+import queue
+import sys
+import time
+
+from jupyter_client.manager import KernelManager
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class Kernel:
+    """One ipykernel started with this interpreter; ``run(code)`` returns what the cell showed."""
+
+    def __init__(self, cwd: str | None = None):
+        self.km = KernelManager()
+        self.km.kernel_spec_manager  # noqa: B018 - loads specs
+        self.km.kernel_name = "python3"
+        self.km.start_kernel(cwd=cwd or REPO, extra_arguments=[], env={**os.environ, "PYTHONPATH": REPO})
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=60)
+
+    @property
+    def pid(self) -> int:
+        return self.km.provisioner.process.pid
+
+    def run(self, code: str, timeout: float = 120, *, on_output=None) -> Cell:
+        msg_id = self.kc.execute(code, allow_stdin=False)
+        cell = Cell()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+            except queue.Empty:
+                raise TimeoutError(f"cell did not finish in {timeout}s; outputs so far: {cell.outputs}") from None
+            if msg["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "status" and content["execution_state"] == "idle":
+                break
+            if kind in ("stream", "execute_result", "display_data", "error", "update_display_data"):
+                cell.outputs.append((kind, content))
+                if on_output is not None:
+                    on_output(kind, content)
+        cell.reply = self.kc.get_shell_msg(timeout=10)["content"]
+        return cell
+
+    def interrupt(self) -> None:
+        self.km.interrupt_kernel()
+
+    def shutdown(self) -> None:
+        self.kc.stop_channels()
+        self.km.shutdown_kernel(now=True)
+
+
+class Cell:
+    def __init__(self):
+        self.outputs: list[tuple[str, dict]] = []
+        self.reply: dict = {}
+
+    @property
+    def stdout(self) -> str:
+        return "".join(c["text"] for k, c in self.outputs if k == "stream" and c["name"] == "stdout")
+
+    @property
+    def stderr(self) -> str:
+        return "".join(c["text"] for k, c in self.outputs if k == "stream" and c["name"] == "stderr")
+
+    @property
+    def error(self) -> dict | None:
+        for k, c in self.outputs:
+            if k == "error":
+                return c
+        return None
+
+    @property
+    def result(self) -> dict | None:
+        for k, c in self.outputs:
+            if k == "execute_result":
+                return c["data"]
+        return None
+
+    def ok(self) -> Cell:
+        assert self.error is None, "cell failed:\n" + "\n".join(self.error["traceback"]) + "\n" + self.stderr
+        return self
+
+
+__all__ = ["Kernel", "Cell", "sys"]
