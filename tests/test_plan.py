@@ -1,0 +1,136 @@
+"""The launch plan's rules (backend, devices, start method, environment), including GPU machines.
+
+These are pure functions of the configuration and of facts about the machine, so the NCCL
+path is checked here on a machine without GPUs by stating the GPU count.
+"""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from kernelside import cuda_guard
+from kernelside.config import resolve_config
+from kernelside.errors import LaunchConfigError
+from kernelside.plan import make_plan
+
+
+def plan(gpus=0, cuda_initialized=False, site=None, **arguments):
+    return make_plan(resolve_config(arguments, config=None, cwd="/"), gpus=gpus, cuda_initialized=cuda_initialized,
+                     init_site=site)
+
+
+@pytest.fixture(autouse=True)
+def no_config_files(monkeypatch, tmp_path):
+    monkeypatch.delenv("NBLAUNCH_CONFIG", raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # no Accelerate default config either
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+
+
+def test_cpu_machine_uses_gloo_two_workers_and_cpu_devices():
+    p = plan()
+    assert (p.num_processes, p.backend, p.start_method) == (2, "gloo", "fork")
+    assert [p.device_for(r) for r in range(2)] == ["cpu", "cpu"]
+    env = p.env_for(1, 29555)
+    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert "CUDA_VISIBLE_DEVICES" not in env
+
+
+def test_gpu_machine_gives_each_rank_its_own_gpu_with_nccl():
+    p = plan(gpus=4)
+    assert p.num_processes == 4 and p.backend == "nccl"
+    assert [p.device_for(r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:2", "cuda:3"]
+    env = p.env_for(2, 29555)
+    assert env["CUDA_VISIBLE_DEVICES"] == "0,1,2,3"
+    assert env["RANK"] == env["LOCAL_RANK"] == "2"
+    assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == "4"
+    assert env["NCCL_SOCKET_IFNAME"] == "lo" and env["GLOO_SOCKET_IFNAME"] == "lo"
+    assert "ACCELERATE_USE_CPU" not in env
+
+
+def test_gpu_ids_select_and_renumber_devices(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5,6,7")
+    p = plan(gpus=4, gpu_ids="1,3")
+    assert p.num_processes == 2 and p.backend == "nccl"
+    assert p.env_for(0, 1)["CUDA_VISIBLE_DEVICES"] == "5,7"  # physical ids behind the kernel's view
+    assert [p.device_for(r) for r in range(2)] == ["cuda:0", "cuda:1"]
+
+
+def test_more_ranks_than_gpus_falls_back_to_gloo_and_shares_gpus():
+    p = plan(gpus=2, num_processes=4)
+    assert p.backend == "gloo"
+    assert [p.device_for(r) for r in range(4)] == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+
+
+def test_explicit_nccl_without_a_gpu_per_rank_is_refused():
+    with pytest.raises(LaunchConfigError, match="needs one GPU per rank, but 4 ranks have 2 GPU"):
+        plan(gpus=2, num_processes=4, backend="nccl")
+
+
+def test_use_cpu_hides_gpus_from_workers():
+    p = plan(gpus=2, use_cpu=True)
+    assert p.backend == "gloo" and p.num_processes == 2
+    assert p.env_for(0, 1)["CUDA_VISIBLE_DEVICES"] == ""
+    assert p.device_for(0) == "cpu"
+
+
+def test_missing_gpu_id_names_what_exists():
+    with pytest.raises(LaunchConfigError, match=r"GPU 5 is not present; this kernel sees 2 GPU\(s\) \(indices 0..1\)"):
+        plan(gpus=2, gpu_ids="0,5")
+
+
+def test_cuda_initialized_in_kernel_switches_to_spawn_and_says_where():
+    p = plan(gpus=2, cuda_initialized=True, site="cell In[4], line 2: x = torch.ones(1).cuda()")
+    assert p.start_method == "spawn"
+    assert "CUDA was initialized in this kernel at cell In[4], line 2" in p.start_reason
+    assert "restart the kernel" in p.start_reason
+
+
+def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
+    with pytest.raises(LaunchConfigError, match="start_method='fork' is not possible.*at train.py:12"):
+        plan(gpus=1, cuda_initialized=True, site="train.py:12", start_method="fork")
+
+
+def test_accelerate_variables_follow_the_config():
+    p = plan(mixed_precision="fp16", dynamo_config={"dynamo_backend": "INDUCTOR"},
+             fsdp_config={"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": False})
+    env = p.env_for(0, 1)
+    assert env["ACCELERATE_MIXED_PRECISION"] == "fp16"
+    assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"
+    assert env["ACCELERATE_USE_FSDP"] == "true"
+    assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD" and env["FSDP_OFFLOAD_PARAMS"] == "false"
+
+
+def test_several_machines_point_to_the_engines_that_will_do_it():
+    with pytest.raises(NotImplementedError, match="torch's elastic launcher or Ray"):
+        plan(num_machines=2)
+
+
+def test_cuda_guard_records_the_first_site_that_initializes_cuda():
+    state = {"init": False}
+    fake_cuda = types.SimpleNamespace(is_initialized=lambda: state["init"])
+
+    def lazy_init():
+        state["init"] = True
+
+    fake_cuda._lazy_init = lazy_init
+    saved = dict(cuda_guard._state)
+    cuda_guard._state["site"] = None
+    try:
+        cuda_guard.install(fake_cuda)
+        fake_cuda._lazy_init()  # this line is the site
+        site = cuda_guard.first_init_site()
+        fake_cuda._lazy_init()  # later calls do not move it
+        assert cuda_guard.first_init_site() == site
+    finally:
+        cuda_guard._state.update(saved)
+    assert site.startswith(f"{__file__}:") and "fake_cuda._lazy_init()  # this line is the site" in site
+
+
+def test_cuda_guard_is_installed_on_torch_by_importing_kernelside():
+    import torch
+
+    import kernelside  # noqa: F401
+
+    assert getattr(torch.cuda._lazy_init, "_nblaunch_wrapped", False)
