@@ -25,7 +25,7 @@ frontend: venv
 # ---------------------------------------------------------------------------------
 
 demo: venv
-	$(PY) -m kernelside.demo notebooks/quickstart.ipynb
+	$(PY) notebooks/execute.py notebooks/quickstart.ipynb
 
 lab: venv frontend
 	cd notebooks && ../$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser

@@ -10,6 +10,7 @@ from . import cuda_guard as _cuda_guard
 from .engine import last_report
 from .errors import LaunchConfigError, LaunchError, LaunchTimeoutError, WorkerError
 from .launcher import notebook_launcher
+from .progress import log_metrics, progress
 
 _cuda_guard.install()  # from now on, remember where CUDA is first initialized in this process
 

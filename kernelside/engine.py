@@ -33,6 +33,8 @@ from .errors import LaunchConfigError, LaunchError, LaunchTimeoutError, WorkerEr
 from .group import WorkerGroup
 from .output import RankOutputRouter
 from .plan import LaunchPlan, make_plan
+from .progress import RENDER_ENV, SCOPE_ENV
+from .progress_view import make_run_display, render_mode
 from .report import Failure, LaunchReport, RankReport, format_failure_message
 from .worker import Payload
 
@@ -185,6 +187,8 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob, out, err) -> LaunchOutcome:
         started_at=time.time(),
     )
     _state["last_report"] = report
+    render = render_mode(plan.output)
+    extra_env = {"TORCHELASTIC_RESTART_COUNT": str(req.restart_count), RENDER_ENV: render, SCOPE_ENV: plan.progress}
     payloads = [
         Payload(
             fn=req.fn,
@@ -194,7 +198,7 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob, out, err) -> LaunchOutcome:
             world_size=plan.num_processes,
             backend=plan.backend,
             device=plan.device_for(r),
-            env={**plan.env_for(r, port), "TORCHELASTIC_RESTART_COUNT": str(req.restart_count)},
+            env={**plan.env_for(r, port), **extra_env},
             parent_pid=os.getpid(),
             events_fd=-1,
             return_result=(r == 0 or req.return_all),
@@ -202,16 +206,21 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob, out, err) -> LaunchOutcome:
         for r in range(plan.num_processes)
     ]
     router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
-    group = store = None
+    display = make_run_display(report, plan.output, plan.progress) if render == "widgets" else None
+    group = store = loop = None
     try:
         group = WorkerGroup.start(payloads, plan.start_method, spawn_blob=blob, keep_fds=(sock.fileno(),))
         report.ranks = [RankReport(rank=w.rank, pid=w.pid, log_path=router.log_paths[w.rank]) for w in group.workers]
         store = _start_store(sock, port, plan.num_processes)
         sock = None
-        loop = _EventLoop(group, router, report, req, plan, t_call)
+        if display is not None:
+            display.show()
+        loop = _EventLoop(group, router, report, req, plan, t_call, display)
         loop.run()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         report.outcome = "interrupted"
+        if display is not None:
+            display.finish(e)
         raise
     finally:
         if sock is not None:
@@ -224,7 +233,15 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob, out, err) -> LaunchOutcome:
         del store  # stops the TCPStore server and frees the port
         report.ended_at = time.time()
         report.wall_s = time.monotonic() - t_call
-    return _outcome(report, loop, req, router)
+    try:
+        outcome = _outcome(report, loop, req, router)
+    except WorkerError as e:
+        if display is not None:
+            display.finish(e)
+        raise
+    if display is not None:
+        display.finish(None)
+    return outcome
 
 
 def _start_store(sock: socket.socket, port: int, world_size: int):
@@ -264,8 +281,10 @@ class _EventLoop:
         req: LaunchRequest,
         plan: LaunchPlan,
         t_call: float,
+        display=None,
     ):
         self.group, self.router, self.report, self.req, self.plan = group, router, report, req, plan
+        self.display = display
         self.t_call = t_call
         self.results: list[bytes | None] = [None] * plan.num_processes
         self.readers = [EventReader() for _ in group.workers]
@@ -318,6 +337,8 @@ class _EventLoop:
                     if w.status is None and self.group.poll(w) is not None:
                         self._on_exit(w)
             self.router.flush_stale()
+            if self.display is not None:
+                self.display.tick()
 
     def _read(self, w, kind: str, fd: int) -> bool:
         try:
@@ -395,6 +416,8 @@ class _EventLoop:
                 self.report.startup_s = max(r.ready_s for r in self.report.ranks)
         elif kind == "result":
             self.results[w.rank] = payload
+        elif kind == "metrics":
+            self.report.metrics.extend(payload)
         elif kind == "error":
             self._fail(
                 Failure(
@@ -407,6 +430,9 @@ class _EventLoop:
                     exc_type=payload["type"],
                 )
             )
+        self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
+        if self.display is not None and kind in ("progress", "metrics"):
+            self.display.on_event(w.rank, kind, payload)
         if self.req.on_event is not None:
             self.req.on_event(w.rank, kind, payload)
 

@@ -66,7 +66,14 @@ class LaunchReport:
     startup_s: float | None = None  # call → every rank running user code
     wall_s: float | None = None
     ended_at: float | None = None
-    metrics: list[dict] = dataclasses.field(default_factory=list)
+    metrics: list[dict] = dataclasses.field(default_factory=list)  # every log_metrics() point, in order
+    event_counts: dict = dataclasses.field(default_factory=dict)  # worker events received, by kind
+
+    def metrics_frame(self):
+        """The metrics history as a pandas DataFrame (pandas must be installed)."""
+        import pandas as pd
+
+        return pd.DataFrame(self.metrics)
 
     def root_cause(self) -> Failure | None:
         """The first failure that was not merely a consequence of another rank's death."""

@@ -27,6 +27,7 @@ import time
 import traceback
 import types
 
+from . import progress
 from .channel import EventWriter
 
 PR_SET_PDEATHSIG = 1
@@ -120,6 +121,14 @@ def _enable_faulthandler() -> None:
     import faulthandler
 
     faulthandler.enable(file=sys.stderr, all_threads=True)
+
+
+def _forget_kernel_shell() -> None:
+    """The inherited IPython shell talks to the kernel's ZMQ sockets, which belong to the kernel
+    process: without it, get_ipython() is None here and display()/tqdm.auto fall back safely."""
+    mod = sys.modules.get("IPython.core.interactiveshell")
+    if mod is not None:
+        mod.InteractiveShell.clear_instance()
 
 
 def _flush_all() -> None:
@@ -275,9 +284,11 @@ def run(p: Payload) -> None:
         if main is not None:
             namespaces.append(vars(main))
         _patch_init_process_group(namespaces)
+        progress.install_in_worker()
         events.send("ready", {"t": time.monotonic(), "pid": os.getpid()})
         phase = "run"
         value = p.fn(*p.args, **p.kwargs)
+        progress.finish_in_worker()
         phase = "result"
         if p.return_result:
             events.send("result", dumps_result(unwrap_for_return(value)))
@@ -324,6 +335,7 @@ def enter_forked(p: Payload, out_fd: int, err_fd: int) -> None:
             except OSError:
                 pass
         _fresh_std_streams()
+        _forget_kernel_shell()
         _remember_kernel_main_objects()
     except BaseException:
         os._exit(70)

@@ -52,8 +52,10 @@ def test_arguments_override_the_file_and_sources_say_so(tmp_path):
 def test_accelerate_default_config_supplies_overlapping_keys(tmp_path):
     acc = tmp_path / "hf" / "accelerate" / "default_config.yaml"
     acc.parent.mkdir(parents=True)
-    acc.write_text("compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 3\n"
-                   "mixed_precision: bf16\nuse_cpu: true\nmain_training_function: main\n")
+    acc.write_text(
+        "compute_environment: LOCAL_MACHINE\ndistributed_type: MULTI_CPU\nnum_processes: 3\n"
+        "mixed_precision: bf16\nuse_cpu: true\nmain_training_function: main\n"
+    )
     cfg = resolve_config({}, cwd=tmp_path)
     assert (cfg["num_processes"], cfg["mixed_precision"], cfg["use_cpu"]) == (3, "bf16", True)
     assert cfg.warnings == []
@@ -64,8 +66,9 @@ def test_invalid_value_in_file_names_key_value_file_and_what_is_allowed(tmp_path
     path.write_text("backend: mpi\n")
     with pytest.raises(LaunchConfigError) as info:
         resolve_config({}, cwd=tmp_path)
-    assert str(info.value) == (f"invalid backend='mpi' (in {path}): allowed is one of 'auto', 'nccl', 'gloo'. "
-                               "Nothing was started.")
+    assert str(info.value) == (
+        f"invalid backend='mpi' (in {path}): allowed is one of 'auto', 'nccl', 'gloo'. Nothing was started."
+    )
 
 
 def test_unparsable_file_reports_the_line_and_launch_starts_nothing(tmp_path):

@@ -17,8 +17,9 @@ from kernelside.plan import make_plan
 
 
 def plan(gpus=0, cuda_initialized=False, site=None, **arguments):
-    return make_plan(resolve_config(arguments, config=None, cwd="/"), gpus=gpus, cuda_initialized=cuda_initialized,
-                     init_site=site)
+    return make_plan(
+        resolve_config(arguments, config=None, cwd="/"), gpus=gpus, cuda_initialized=cuda_initialized, init_site=site
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -93,8 +94,11 @@ def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
 
 
 def test_accelerate_variables_follow_the_config():
-    p = plan(mixed_precision="fp16", dynamo_config={"dynamo_backend": "INDUCTOR"},
-             fsdp_config={"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": False})
+    p = plan(
+        mixed_precision="fp16",
+        dynamo_config={"dynamo_backend": "INDUCTOR"},
+        fsdp_config={"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": False},
+    )
     env = p.env_for(0, 1)
     assert env["ACCELERATE_MIXED_PRECISION"] == "fp16"
     assert env["ACCELERATE_DYNAMO_BACKEND"] == "INDUCTOR"

@@ -1,0 +1,235 @@
+"""The kernel side of progress: widgets for bars, a live metrics chart, and the run's status line.
+
+``RunDisplay`` receives the workers' ``progress`` and ``metrics`` events from the engine's
+loop and redraws at most every ``REDRAW_S`` (bars) / ``CHART_S`` (chart) — whatever rate
+the workers send at. All widgets are plain ipywidgets (the chart is an SVG in an HTML
+widget), so a saved notebook with widget state shows the final bars and chart again.
+
+``make_run_display()`` returns None where widgets cannot render (a terminal IPython, no
+ipywidgets, ``output="none"``); workers then draw tqdm text bars on stderr instead.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import time
+
+REDRAW_S = 0.1
+CHART_S = 0.5
+COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
+
+
+def widgets_can_render() -> bool:
+    """True inside a Jupyter kernel (not terminal IPython) with ipywidgets installed."""
+    ip_mod = sys.modules.get("IPython")
+    shell = ip_mod.get_ipython() if ip_mod is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def render_mode(output: str) -> str:
+    """What workers should do with progress: 'widgets', 'text' or 'off'."""
+    if output == "none":
+        return "text"  # text bars then land in the log files only
+    return "widgets" if widgets_can_render() else "text"
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None or s != s or s == float("inf"):
+        return "?"
+    s = int(s)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+
+
+def bar_text(state: dict) -> str:
+    """'37/100 [00:03<00:05, 12.1it/s, loss=0.3]' from a progress event."""
+    n, total, rate, unit = state["n"], state["total"], state["rate"], state["unit"]
+    if rate is None and state["elapsed"]:
+        rate = n / state["elapsed"]  # tqdm's overall average, as it shows for a finished bar
+    count = f"{n:g}/{total:g}" if total else f"{n:g}"
+    remaining = (total - n) / rate if total and rate else None
+    rate_s = f"{rate:.2f}{unit}/s" if rate else f"?{unit}/s"
+    times = f"{_fmt_time(state['elapsed'])}<{_fmt_time(remaining)}" if total else _fmt_time(state["elapsed"])
+    post = f", {state['postfix']}" if state["postfix"] else ""
+    return f"{count} [{times}, {rate_s}{post}]"
+
+
+def svg_chart(points: list[dict], width: int = 560, height: int = 180) -> str:
+    """One polyline per metric against step; self-contained SVG (no plotting library needed)."""
+    series: dict[str, list[tuple[float, float]]] = {}
+    for i, p in enumerate(points):
+        x = p.get("step")
+        x = i if x is None else x
+        for k, v in p.items():
+            if k in ("step", "rank") or not isinstance(v, (int, float)) or v != v:
+                continue
+            series.setdefault(k if "rank" not in p else f"{k}[{p['rank']}]", []).append((float(x), float(v)))
+    if not series:
+        return ""
+    pad = 36
+    xs = [x for s in series.values() for x, _ in s]
+    x0, x1 = min(xs), max(xs) or 1.0
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 22 * len(series)}" '
+        'style="font: 11px sans-serif; color: var(--jp-ui-font-color1, #333)">'
+    ]
+    for idx, (name, pts) in enumerate(series.items()):
+        ys = [y for _, y in pts]
+        y0, y1 = min(ys), max(ys)
+        span_y = (y1 - y0) or 1.0
+        span_x = (x1 - x0) or 1.0
+        coords = " ".join(
+            f"{pad + (x - x0) / span_x * (width - 2 * pad):.1f},"
+            f"{height - pad / 2 - (y - y0) / span_y * (height - pad):.1f}"
+            for x, y in pts
+        )
+        color = COLORS[idx % len(COLORS)]
+        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>')
+        last = pts[-1][1]
+        parts.append(
+            f'<text x="{pad}" y="{height + 16 + 22 * idx}" fill="{color}">{html.escape(name)}: '
+            f"last {last:.4g}, min {y0:.4g}, max {y1:.4g} ({len(pts)} points)</text>"
+        )
+    parts.append(f'<text x="{pad}" y="{height - 2}" fill="currentColor">step {x0:g} … {x1:g}</text></svg>')
+    return "".join(parts)
+
+
+class RunDisplay:
+    """Status line + progress bars + metrics chart for one launch, in the cell that started it."""
+
+    def __init__(self, report, scope: str):
+        import ipywidgets as w
+
+        self.w = w
+        self.report = report
+        self.scope = scope
+        self.status = w.HTML(value="")
+        self.bars_box = w.VBox([])
+        self.chart = w.HTML(value="")
+        self.box = w.VBox([self.status, self.bars_box, self.chart])
+        self.bars: dict[tuple[int, int], dict] = {}  # (rank, bar id) -> {"state", "widget", "dirty"}
+        self.dirty = False
+        self.chart_dirty = False
+        self.t0 = time.monotonic()
+        self.last_draw = 0.0
+        self.last_chart = 0.0
+        self.closed_bars = 0
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        self._draw_status()
+        display(self.box)
+
+    # -- events from the engine loop ---------------------------------------------------
+    def on_event(self, rank: int, kind: str, payload) -> None:
+        if kind == "progress":
+            key = (rank, payload["id"])
+            entry = self.bars.get(key)
+            if entry is None:
+                entry = self.bars[key] = {"state": payload, "widget": self._new_bar(rank, payload)}
+                self._relayout()
+            entry["state"] = payload
+            entry["dirty"] = True
+            self.dirty = True
+            if payload["closed"]:
+                self._update_bar(entry)  # the final state is always drawn, never throttled away
+                if not payload["leave"]:
+                    del self.bars[key]
+                    self._relayout()
+        elif kind == "metrics":
+            self.chart_dirty = True
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last_draw >= REDRAW_S:
+            self.last_draw = now
+            if self.dirty or force:
+                for entry in self.bars.values():
+                    if entry.get("dirty"):
+                        self._update_bar(entry)
+                self.dirty = False
+            self._draw_status()
+        if self.chart_dirty and (force or now - self.last_chart >= CHART_S):
+            self.last_chart = now
+            self.chart_dirty = False
+            self.chart.value = svg_chart(self.report.metrics)
+
+    def finish(self, error: BaseException | None) -> None:
+        self.tick(force=True)
+        for entry in self.bars.values():
+            st = entry["state"]
+            if error is not None and not st["closed"]:
+                entry["widget"].children[0].bar_style = "danger"
+        if error is not None:
+            first = html.escape(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            self.status.value = (
+                f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: '
+                f"{html.escape(self.report.outcome)}</b> — {first}<br/>logs: "
+                f"<code>{html.escape(self.report.log_dir)}</code></span>"
+            )
+
+    # -- drawing -------------------------------------------------------------------------
+    def _new_bar(self, rank: int, st: dict):
+        w = self.w
+        label = st["desc"] or ""
+        if self.scope == "all":
+            label = f"[rank {rank}] {label}"
+        bar = w.FloatProgress(
+            value=0.0,
+            min=0.0,
+            max=float(st["total"] or 1),
+            description=label,
+            style={"description_width": "initial"},
+            layout=w.Layout(width="50%", margin=f"0 0 0 {2 * st['depth']}em"),
+        )
+        return w.HBox([bar, w.HTML(value="")])
+
+    def _update_bar(self, entry: dict) -> None:
+        st, box = entry["state"], entry["widget"]
+        bar, text = box.children
+        if st["total"]:
+            bar.max = float(st["total"])
+            bar.value = float(min(st["n"], st["total"]))
+        else:  # unknown length: a full bar that shows activity
+            bar.max, bar.value = 1.0, 1.0
+        if st["closed"]:
+            bar.bar_style = "success" if not st["total"] or st["n"] >= st["total"] else "danger"
+        text.value = f"<code>{html.escape(bar_text(st))}</code>"
+        entry["dirty"] = False
+
+    def _relayout(self) -> None:
+        order = sorted(self.bars, key=lambda k: (k[1], k[0]) if self.scope == "all" else (k[0], k[1]))
+        self.bars_box.children = tuple(self.bars[k]["widget"] for k in order)
+
+    def _draw_status(self) -> None:
+        rep = self.report
+        counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}
+        failed = {f.rank for f in rep.failures}
+        for r in rep.ranks:
+            if r.rank in failed:
+                counts["failed"] += 1
+            elif r.status is not None:
+                counts["done" if r.status.ok else "failed"] += 1
+            elif r.ready_s is not None:
+                counts["running"] += 1
+            else:
+                counts["starting"] += 1
+        parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
+        self.status.value = (
+            f"<b>nblaunch</b> {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
+            f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
+            f"<code>{html.escape(rep.log_dir)}</code>"
+        )
+
+
+def make_run_display(report, output: str, scope: str) -> RunDisplay | None:
+    if render_mode(output) != "widgets":
+        return None
+    return RunDisplay(report, scope)

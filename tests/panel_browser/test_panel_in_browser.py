@@ -1,0 +1,49 @@
+"""End to end: the panel in a real JupyterLab and browser edits nblaunch.yaml, and the cell it
+inserts runs on as many workers as the panel saved."""
+
+from __future__ import annotations
+
+import re
+
+import yaml
+from conftest import ARTIFACTS
+from playwright.sync_api import expect
+
+PANEL = "#nblaunch-panel"
+
+
+def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_server, browser_page):
+    page = browser_page
+    page.set_default_timeout(60_000)
+    try:
+        # Opening the notebook first lets its kernel start while the panel is edited.
+        page.goto(lab_server.page_url("lab/tree/demo.ipynb"))
+        page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
+        panel = page.locator(PANEL)
+        expect(panel.locator(".nblaunch-path")).to_contain_text("nblaunch.yaml")
+        expect(panel.locator(".nblaunch-hardware-facts")).to_contain_text("CPU cores")
+
+        panel.locator('input[name="num_processes"]').fill("3")
+        panel.locator('select[name="mixed_precision"]').select_option("bf16")
+        expect(panel.locator(".nblaunch-dirty-note")).to_be_visible()
+        expect(panel.locator('[data-field="num_processes"]')).to_have_class(re.compile("nblaunch-mod-dirty"))
+
+        panel.get_by_role("button", name="Save", exact=True).click()
+        expect(panel.locator(".nblaunch-status")).to_have_text("Saved to nblaunch.yaml.")
+        expect(panel.locator(".nblaunch-dirty-note")).to_be_hidden()
+        saved = yaml.safe_load((lab_server.root / "nblaunch.yaml").read_text())
+        assert saved == {"num_processes": 3, "mixed_precision": "bf16"}
+        panel.screenshot(path=str(ARTIFACTS / "panel.png"))
+
+        panel.get_by_role("button", name="Insert %%distributed cell").click()
+        cells = page.locator(".jp-NotebookPanel .jp-Cell .jp-InputArea-editor")
+        expect(cells).to_have_count(3)
+        expect(cells.nth(1)).to_contain_text("%load_ext kernelside")
+        expect(cells.nth(2)).to_contain_text("%%distributed")
+
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+        outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
+        expect(outputs.filter(has_text="world_size == 3")).to_have_count(1, timeout=150_000)
+    finally:
+        page.screenshot(path=str(ARTIFACTS / "panel-e2e-last-page.png"))

@@ -1,0 +1,73 @@
+"""The shipped notebooks run top to bottom in a real kernel, and a mixed notebook runs twice."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+from kernel import REPO, Kernel
+
+spec = importlib.util.spec_from_file_location("execute_nb", os.path.join(REPO, "notebooks", "execute.py"))
+execute_nb = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(execute_nb)
+
+
+def _text(nb) -> str:
+    return "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
+
+
+def test_quickstart_trains_on_two_workers_and_shows_bars_and_a_loss_chart(tmp_path):
+    out, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "quickstart.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "rank 0/2: 64 steps" in text and "rank 1/2" not in text
+    assert "Net 64 losses" in text
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    epoch = [
+        m["state"]
+        for m in state.values()
+        if m["model_name"] == "FloatProgressModel" and m["state"]["description"] == "epoch"
+    ]
+    assert epoch and epoch[0]["value"] == 4.0
+    assert any(
+        m["state"].get("value", "").startswith("<svg") and "loss: last" in m["state"]["value"]
+        for m in state.values()
+        if m["model_name"] == "HTMLModel"
+    )
+    assert os.path.exists(out)
+
+
+def test_accelerate_notebook_sees_multi_cpu_two_processes_bf16(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "accelerate.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "DistributedType.MULTI_CPU, 2 processes, bf16" in text
+    assert "final loss (mean over ranks)" in text
+
+
+MIXED = [
+    "%load_ext kernelside",
+    "import torch\nbase = torch.arange(4.0)",
+    "%%distributed -n 2 --return part\npart = base[rank::world_size].sum().item()",
+    "total = part * 2\nprint('total', total)",
+    "def scale(x):\n    return x * 10",
+    "%%distributed -n 2 --return scaled --return-from all\nscaled = scale(rank + 1)",
+    "print('scaled', scaled)",
+    "%%distributed -n 3\nimport torch.distributed as dist\nt = torch.tensor([1.0])\ndist.all_reduce(t)\nint(t.item())",
+    "from kernelside import notebook_launcher\nprint('fn', notebook_launcher(scale, args=(4,), num_processes=2))",
+    "%distributed_last",
+]
+
+
+@pytest.mark.timeout(300)
+def test_ten_cell_mixed_notebook_runs_top_to_bottom_twice_in_one_kernel(tmp_path):
+    k = Kernel(cwd=str(tmp_path))
+    try:
+        for round_ in range(2):
+            cells = [k.run(code).ok() for code in MIXED]
+            assert cells[3].stdout == "total 4.0\n"
+            assert cells[6].stdout == "scaled [10, 20]\n"
+            assert cells[7].result["text/plain"] == "3"
+            assert cells[8].stdout == "fn 40\n"
+            assert "outcome='ok'" in cells[9].result["text/plain"], round_
+    finally:
+        k.shutdown()

@@ -1,0 +1,165 @@
+"""progress(), tqdm and log_metrics() inside workers: widgets drawn by the kernel, text elsewhere."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import nbformat
+import pytest
+from kernel import REPO
+from nbclient import NotebookClient
+
+from kernelside import last_report, log_metrics, notebook_launcher, progress
+
+
+def _run_notebook(tmp_path, cells: list[str]) -> nbformat.NotebookNode:
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(c) for c in cells]
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", store_widget_state=True, resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    return nb
+
+
+def _widgets(nb) -> dict:
+    return nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+
+
+def _bars(state: dict) -> list[dict]:
+    return [m["state"] for m in state.values() if m["model_name"] == "FloatProgressModel"]
+
+
+def _shown(state: dict, model_id: str) -> list[str]:
+    """Every model id reachable from a box, i.e. what the cell still displays."""
+    out, todo = [], [model_id]
+    while todo:
+        mid = todo.pop()
+        out.append(mid)
+        for child in state[mid]["state"].get("children", []):
+            todo.append(child.removeprefix("IPY_MODEL_"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def executed(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("progress")
+    return _run_notebook(
+        tmp,
+        [
+            "%load_ext kernelside\nfrom kernelside import progress, log_metrics",
+            textwrap.dedent("""\
+            %%distributed -n 2
+            from tqdm.auto import tqdm
+            step = 0
+            for epoch in progress(range(3), desc="epoch"):
+                for i in progress(range(40), desc="batches", leave=False):
+                    step += 1
+                    log_metrics(step=step, loss=1.0 / step)
+            for _ in tqdm(range(25), desc="via tqdm.auto"):
+                pass
+            with progress(total=10, desc="manual", unit="img") as bar:
+                for _ in range(5):
+                    bar.update(2)
+                    bar.set_postfix(loss=0.5)
+            """),
+            "r = __import__('kernelside').last_report()\nprint(len(r.metrics), r.metrics[-1], r.event_counts['progress'])",
+        ],
+    )
+
+
+def test_rank0_bars_end_exact_and_nested_leave_false_bars_are_removed(executed):
+    state = _widgets(executed)
+    bars = _bars(state)
+    by_desc = {}
+    for b in bars:
+        by_desc.setdefault(b["description"], []).append(b)
+    assert len(by_desc["epoch"]) == 1  # rank 0 only, not one per rank
+    assert by_desc["epoch"][0]["value"] == by_desc["epoch"][0]["max"] == 3.0
+    assert by_desc["epoch"][0]["bar_style"] == "success"
+    assert len(by_desc["batches"]) == 3 and all(b["value"] == 40.0 for b in by_desc["batches"])
+    assert by_desc["manual"][0]["value"] == 10.0
+    # the cell's box still shows epoch, tqdm.auto and manual, but no batches bar (leave=False)
+    cell_out = executed.cells[1].outputs
+    root = [o for o in cell_out if o.output_type == "display_data"][0]
+    shown = _shown(state, root.data["application/vnd.jupyter.widget-view+json"]["model_id"])
+    shown_descs = sorted(
+        state[m]["state"]["description"] for m in shown if state[m]["model_name"] == "FloatProgressModel"
+    )
+    assert shown_descs == ["epoch", "manual", "via tqdm.auto"]
+    texts = [state[m]["state"]["value"] for m in shown if state[m]["model_name"] == "HTMLModel"]
+    assert any("10/10" in t and "loss=0.5" in t for t in texts)
+    assert any("2 done" in t for t in texts)  # the status line
+
+
+def test_tqdm_auto_in_a_worker_draws_one_rank0_bar_and_no_text(executed):
+    bars = [b for b in _bars(_widgets(executed)) if b["description"] == "via tqdm.auto"]
+    assert len(bars) == 1 and bars[0]["value"] == 25.0
+    streams = "".join(o.get("text", "") for o in executed.cells[1].outputs if o.output_type == "stream")
+    assert "via tqdm.auto" not in streams and "\r" not in streams
+
+
+def test_metrics_history_is_complete_and_charted(executed):
+    out = executed.cells[2].outputs[0]["text"]
+    count, rest = out.split(" ", 1)
+    assert count == "120" and "'step': 120" in rest
+    chart = [
+        m["state"]["value"]
+        for m in _widgets(executed).values()
+        if m["model_name"] == "HTMLModel" and m["state"]["value"].startswith("<svg")
+    ]
+    assert chart and "loss: last 0.008333" in chart[-1] and "(120 points)" in chart[-1]
+
+
+def spin(n):
+    for _ in progress(range(n), desc="spin"):
+        pass
+
+
+def test_kernel_receives_a_bounded_number_of_progress_messages():
+    notebook_launcher(spin_with_widgets, args=(100_000,), num_processes=2)
+    rep = last_report()
+    seconds = rep.wall_s
+    assert 2 <= rep.event_counts["progress"] <= 10 * seconds + 3, (rep.event_counts, seconds)
+
+
+def spin_with_widgets(n):
+    # pytest is no Jupyter kernel, so the engine chose text bars; take the path a kernel would choose
+    os.environ["NBLAUNCH_PROGRESS_RENDER"] = "widgets"
+    spin(n)
+
+
+def test_text_fallback_in_terminal_ipython_draws_tqdm_text_on_rank0_stderr(tmp_path):
+    script = tmp_path / "run.ipy"
+    script.write_text(
+        textwrap.dedent('''\
+        %load_ext kernelside
+        get_ipython().run_cell("""%%distributed -n 2
+        from kernelside import progress, log_metrics
+        for i in progress(range(30), desc=f"text-bar-rank{rank}"):
+            log_metrics(step=i, loss=1.0)
+        """)
+        print("metrics", len(__import__("kernelside").last_report().metrics))
+        ''')
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "IPython", "--quick", "--no-banner", str(script)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "text-bar-rank0: 100%" in proc.stderr and "30/30" in proc.stderr
+    assert "text-bar-rank1" not in proc.stderr + proc.stdout
+    assert "metrics 30" in proc.stdout
+
+
+def test_outside_a_launch_progress_is_tqdm_and_log_metrics_is_a_no_op():
+    from tqdm.auto import tqdm
+
+    bar = progress(range(3), disable=True)
+    assert isinstance(bar, tqdm)
+    assert log_metrics(step=1, loss=2.0) is None
