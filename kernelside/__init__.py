@@ -17,6 +17,8 @@ _cuda_guard.install()  # from now on, remember where CUDA is first initialized i
 __all__ = [
     "notebook_launcher",
     "last_report",
+    "progress",
+    "log_metrics",
     "LaunchConfigError",
     "LaunchError",
     "LaunchTimeoutError",

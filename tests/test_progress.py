@@ -65,7 +65,8 @@ def executed(tmp_path_factory):
                     bar.update(2)
                     bar.set_postfix(loss=0.5)
             """),
-            "r = __import__('kernelside').last_report()\nprint(len(r.metrics), r.metrics[-1], r.event_counts['progress'])",
+            "r = __import__('kernelside').last_report()\n"
+            "print(len(r.metrics), r.metrics[-1], r.event_counts['progress'])",
         ],
     )
 
