@@ -1,0 +1,240 @@
+"""Launch cost: nblaunch side by side with what users would use instead, in one run.
+
+    python -m bench.launch            # full run (N = 2 and 4, 5 measured runs each + the kernel DDP cell)
+    python -m bench.launch --quick    # N = 2, 2 runs, no kernel part (a smoke run)
+
+Measured for each launcher, as medians over the runs after one warm-up launch:
+- start-up: from the call until every rank runs user code with the process group up;
+- end to end: the whole call for a trivial function (init, barrier, return).
+Launchers: nblaunch (fork, spawn), torch.multiprocessing.start_processes (fork, spawn) with the
+process-group set-up written by hand, torchrun on an equivalent script, and Accelerate's
+notebook_launcher when installed.
+
+Then, in a real Jupyter kernel: a function that builds DDP(nn.Linear(16, 1)) and runs 300
+steps over a DistributedSampler on 2 workers, launched 3 times in a row by nblaunch and by
+Accelerate's notebook_launcher (each in a fresh kernel).
+
+Writes bench/results/launch.md (the table the README quotes) and prints it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _mark(outdir: str, rank: int) -> None:
+    with open(os.path.join(outdir, f"ready{rank}"), "w") as fh:
+        fh.write(repr(time.time()))
+
+
+def trivial_nblaunch(outdir):
+    import torch.distributed as dist
+
+    _mark(outdir, dist.get_rank())
+    dist.barrier()
+    return 0
+
+
+def trivial_by_hand(local_rank, world_size, port, outdir):
+    """What a user writes for torch.multiprocessing: the process-group set-up is theirs."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world_size)
+    _mark(outdir, local_rank)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def trivial_env(outdir):
+    """For launchers that only set RANK/WORLD_SIZE/MASTER_* (Accelerate's notebook_launcher, torchrun)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    _mark(outdir, dist.get_rank())
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+TORCHRUN_SCRIPT = textwrap.dedent("""\
+    import os, sys, time
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    with open(os.path.join(sys.argv[1], f"ready{dist.get_rank()}"), "w") as fh:
+        fh.write(repr(time.time()))
+    dist.barrier()
+    dist.destroy_process_group()
+    """)
+
+
+def run_nblaunch(n, outdir, method):
+    from kernelside import notebook_launcher
+
+    notebook_launcher(trivial_nblaunch, args=(outdir,), num_processes=n, start_method=method, output="none")
+
+
+def run_mp(n, outdir, method):
+    import torch.multiprocessing as mp
+
+    mp.start_processes(trivial_by_hand, args=(n, free_port(), outdir), nprocs=n, start_method=method)
+
+
+def run_torchrun(n, outdir, script):
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={n}",
+                    "--master-addr=127.0.0.1", f"--master-port={free_port()}", script, outdir],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ,
+                                                                                           "OMP_NUM_THREADS": "1"})
+
+
+def run_accelerate(n, outdir):
+    from accelerate import notebook_launcher
+
+    notebook_launcher(trivial_env, args=(outdir,), num_processes=n, use_port=str(free_port()))
+
+
+def measure(fn, n: int, runs: int) -> tuple[float, float]:
+    """(median start-up, median end-to-end) over ``runs`` launches after one warm-up."""
+    starts, totals = [], []
+    for i in range(runs + 1):
+        outdir = tempfile.mkdtemp(prefix="nblaunch-bench-")
+        t0 = time.time()
+        fn(n, outdir)
+        t1 = time.time()
+        ready = [float(open(os.path.join(outdir, f"ready{r}")).read()) for r in range(n)]
+        if i > 0:
+            starts.append(max(ready) - t0)
+            totals.append(t1 - t0)
+    return statistics.median(starts), statistics.median(totals)
+
+
+KERNEL_SETUP = textwrap.dedent("""\
+    import time, socket
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    X, Y = torch.randn(300 * 2 * 8, 16), torch.randn(300 * 2 * 8, 1)
+    def ddp_300_steps():
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            dist.init_process_group("gloo")
+        model = DDP(nn.Linear(16, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        loader = DataLoader(TensorDataset(X, Y), batch_size=8, sampler=DistributedSampler(TensorDataset(X, Y)))
+        for x, y in loader:
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+        return loss.item()
+    def free_port():
+        s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
+    """)
+
+KERNEL_LAUNCH = {
+    "nblaunch": "from kernelside import notebook_launcher\nlaunch = lambda: notebook_launcher(ddp_300_steps, "
+                "num_processes=2)",
+    "accelerate": "from accelerate import notebook_launcher\nlaunch = lambda: notebook_launcher(ddp_300_steps, "
+                  "num_processes=2, use_port=str(free_port()))",
+}
+
+
+def kernel_ddp_cell(which: str, launches: int = 3) -> list[float]:
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from kernel import Kernel
+
+    k = Kernel()
+    try:
+        k.run(KERNEL_SETUP).ok()
+        k.run(KERNEL_LAUNCH[which]).ok()
+        times = []
+        for _ in range(launches):
+            cell = k.run("t0 = time.perf_counter(); launch(); print(time.perf_counter() - t0)", timeout=300).ok()
+            times.append(float(cell.stdout.strip().splitlines()[-1]))
+        return times
+    finally:
+        k.shutdown()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="N=2, 2 runs, skip the kernel DDP cell")
+    ap.add_argument("--runs", type=int, default=5)
+    ns = ap.parse_args()
+    sizes, runs = ((2,), 2) if ns.quick else ((2, 4), ns.runs)
+    script = os.path.join(tempfile.mkdtemp(prefix="nblaunch-bench-"), "trivial.py")
+    with open(script, "w") as fh:
+        fh.write(TORCHRUN_SCRIPT)
+    try:
+        import accelerate  # noqa: F401
+
+        have_accelerate = True
+    except ImportError:
+        have_accelerate = False
+    launchers = {
+        "nblaunch fork": lambda n, d: run_nblaunch(n, d, "fork"),
+        "nblaunch spawn": lambda n, d: run_nblaunch(n, d, "spawn"),
+        "torch.multiprocessing fork": lambda n, d: run_mp(n, d, "fork"),
+        "torch.multiprocessing spawn": lambda n, d: run_mp(n, d, "spawn"),
+        "torchrun": lambda n, d: run_torchrun(n, d, script),
+    }
+    if have_accelerate:
+        launchers["accelerate notebook_launcher"] = run_accelerate
+    rows = {}
+    for n in sizes:
+        for name, fn in launchers.items():
+            rows[(name, n)] = measure(fn, n, runs)
+            print(f"N={n} {name}: start-up {rows[(name, n)][0]:.3f}s, end to end {rows[(name, n)][1]:.3f}s",
+                  file=sys.stderr)
+    lines = [f"Launch cost, {datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, CPU/gloo, "
+             f"median of {runs} runs after a warm-up launch (`python -m bench.launch{' --quick' if ns.quick else ''}`)."
+             "", "",
+             "| launcher | N | start-up (s) | end to end (s) | end to end vs mp fork | vs torchrun |",
+             "|---|---|---|---|---|---|"]
+    for n in sizes:
+        mp_fork, trun = rows[("torch.multiprocessing fork", n)][1], rows[("torchrun", n)][1]
+        for name in launchers:
+            s, e = rows[(name, n)]
+            lines.append(f"| {name} | {n} | {s:.3f} | {e:.3f} | {e / mp_fork:.2f}x | {e / trun:.2f}x |")
+    if not ns.quick:
+        lines += ["", "DDP(nn.Linear(16, 1)), 300 steps over a DistributedSampler, 2 workers, launched 3 times in a "
+                      "row from one real Jupyter kernel (seconds per launch):", "",
+                  "| launcher | 1st | 2nd | 3rd | 2nd+3rd vs Accelerate |", "|---|---|---|---|---|"]
+        ours = kernel_ddp_cell("nblaunch")
+        theirs = kernel_ddp_cell("accelerate") if have_accelerate else None
+        ratio = statistics.mean(ours[1:]) / statistics.mean(theirs[1:]) if theirs else float("nan")
+        lines.append(f"| nblaunch notebook_launcher | {' | '.join(f'{t:.2f}' for t in ours)} | {ratio:.2f}x |")
+        if theirs:
+            lines.append(f"| accelerate notebook_launcher | {' | '.join(f'{t:.2f}' for t in theirs)} | 1.00x |")
+    text = "\n".join(lines) + "\n"
+    os.makedirs(RESULTS, exist_ok=True)
+    out = os.path.join(RESULTS, "launch-quick.md" if ns.quick else "launch.md")
+    with open(out, "w") as fh:
+        fh.write(text)
+    print(text)
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
