@@ -19,8 +19,39 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 # --- frontend (JupyterLab panel) -------------------------------------------------
-# (filled in by the panel work: node packages, labextension build, Chromium)
-frontend: venv
+# Node packages from package-lock.json, the labextension (linked into the venv so a
+# rebuild shows on page reload), the server extension, and Debian's Chromium for the
+# browser test. Each step has a stamp, so a second `make test` redoes nothing.
+NODE_STAMP := node_modules/.package-lock.json
+LABEXT_STAMP := jupyter_ext/labextension/package.json
+LABEXT_LINK := $(VENV)/share/jupyter/labextensions/nblaunch
+CHROMIUM := /usr/bin/chromium
+FRONTEND_SOURCES := $(wildcard jupyter_ext/src/*.ts jupyter_ext/style/*) package.json tsconfig.json
+WITH_VENV := PATH=$(abspath $(VENV))/bin:$$PATH
+
+.PHONY: frontend frontend-test
+
+# npm writes node_modules/.package-lock.json itself (so does the install during `pip install`).
+$(NODE_STAMP): package.json package-lock.json
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+$(LABEXT_STAMP): $(NODE_STAMP) $(FRONTEND_SOURCES) | venv
+	$(WITH_VENV) npm run build
+	touch $@
+
+$(CHROMIUM):
+	apt-get update -q
+	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
+
+frontend: venv $(LABEXT_STAMP) $(CHROMIUM)
+	@test -L $(LABEXT_LINK) || $(WITH_VENV) jupyter-builder develop --overwrite .
+	@test -e $(VENV)/etc/jupyter/jupyter_server_config.d/nblaunch.json \
+		|| $(VENV)/bin/jupyter server extension enable --sys-prefix jupyter_ext
+
+frontend-test: frontend
+	npm run --silent lint
+	npx jest --silent
 
 # ---------------------------------------------------------------------------------
 
@@ -34,7 +65,7 @@ lint: venv
 	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench
 	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench
 
-test: venv frontend lint
+test: venv frontend frontend-test lint
 	$(PY) -m pytest tests
 
 bench: venv
