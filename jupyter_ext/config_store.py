@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -209,7 +210,9 @@ def _load_nblaunch(path: Path) -> _LoadedFile:
         rest = {k: v for k, v in raw.items() if k not in field_errors}
         parsed = config.parse_config_text(yaml.safe_dump(rest), path)
         error = {"message": str(e), "line": _key_line(text, e.key), "key": e.key}
-        return _LoadedFile(parsed.values, parsed.unknown, parsed.warnings, field_errors, error)
+        # The bad values stay in the form, marked, so the user sees what to fix.
+        shown = {**parsed.values, **{k: _jsonable(raw[k]) for k in field_errors}}
+        return _LoadedFile(shown, parsed.unknown, parsed.warnings, field_errors, error)
 
 
 def _load_accelerate(path: Path) -> _LoadedFile:
@@ -218,6 +221,14 @@ def _load_accelerate(path: Path) -> _LoadedFile:
     except (OSError, ValueError, TypeError, UnicodeDecodeError) as e:
         return _LoadedFile(warnings=[f"Accelerate's config {path} could not be read ({e}); showing defaults."])
     return _LoadedFile(imported.values, {}, imported.warnings)
+
+
+def _jsonable(value):
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError):
+        return str(value)
+    return value
 
 
 def _yaml_error_line(text: str) -> int | None:

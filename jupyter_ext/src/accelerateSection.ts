@@ -16,14 +16,14 @@ export function createAccelerateSection(actions: IAccelerateActions): HTMLElemen
   const importPath = h('input', {
     id: 'nblaunch-import-path',
     type: 'text',
-    class: 'jp-mod-styled nblaunch-input',
+    class: 'nblaunch-input',
     placeholder: "empty: Accelerate's default config",
     spellcheck: 'false'
   });
   const exportPath = h('input', {
     id: 'nblaunch-export-path',
     type: 'text',
-    class: 'jp-mod-styled nblaunch-input',
+    class: 'nblaunch-input',
     spellcheck: 'false'
   });
   exportPath.value = DEFAULT_EXPORT_PATH;

@@ -67,7 +67,7 @@ function createInput(
   const common = { id, name: field.name, 'aria-describedby': describedBy };
   let input: HTMLInputElement | HTMLSelectElement;
   if (field.choices) {
-    const select = h('select', { ...common, class: 'jp-mod-styled nblaunch-input' });
+    const select = h('select', { ...common, class: 'nblaunch-input' });
     if (field.nullable) {
       select.append(h('option', { value: '' }, '(default)'));
     }
@@ -89,7 +89,7 @@ function createInput(
     const box = h('input', {
       ...common,
       type: 'text',
-      class: 'jp-mod-styled nblaunch-input',
+      class: 'nblaunch-input',
       inputmode: numeric ? (field.type === 'int' ? 'numeric' : 'decimal') : undefined,
       placeholder: field.nullable ? 'empty: automatic' : undefined,
       spellcheck: 'false'
@@ -112,14 +112,14 @@ function createMappingEditor(model: ConfigModel, field: IFieldSchema, id: string
     rows.forEach((row, index) => {
       const key = h('input', {
         type: 'text',
-        class: 'jp-mod-styled nblaunch-input nblaunch-mapping-key',
+        class: 'nblaunch-input nblaunch-mapping-key',
         placeholder: 'name',
         'aria-label': `${field.name} name ${index + 1}`,
         spellcheck: 'false'
       });
       const value = h('input', {
         type: 'text',
-        class: 'jp-mod-styled nblaunch-input nblaunch-mapping-value',
+        class: 'nblaunch-input nblaunch-mapping-value',
         placeholder: 'value',
         'aria-label': `${field.name} value ${index + 1}`,
         spellcheck: 'false'

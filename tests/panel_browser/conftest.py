@@ -75,6 +75,13 @@ def _notebook(path: Path) -> None:
 
 
 @pytest.fixture
+def artifacts() -> Path:
+    """Where the browser test leaves screenshots and the server log (kept after the run)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture
 def lab_server(tmp_path):
     """``jupyter lab`` serving a fresh root with ``demo.ipynb``; stopped (by PID) after the test."""
     root = tmp_path / "root"

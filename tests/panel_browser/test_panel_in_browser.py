@@ -6,13 +6,12 @@ from __future__ import annotations
 import re
 
 import yaml
-from conftest import ARTIFACTS
 from playwright.sync_api import expect
 
 PANEL = "#nblaunch-panel"
 
 
-def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_server, browser_page):
+def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_server, browser_page, artifacts):
     page = browser_page
     page.set_default_timeout(60_000)
     try:
@@ -33,7 +32,7 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         expect(panel.locator(".nblaunch-dirty-note")).to_be_hidden()
         saved = yaml.safe_load((lab_server.root / "nblaunch.yaml").read_text())
         assert saved == {"num_processes": 3, "mixed_precision": "bf16"}
-        panel.screenshot(path=str(ARTIFACTS / "panel.png"))
+        panel.screenshot(path=str(artifacts / "panel.png"))
 
         panel.get_by_role("button", name="Insert %%distributed cell").click()
         cells = page.locator(".jp-NotebookPanel .jp-Cell .jp-InputArea-editor")
@@ -46,4 +45,4 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
         expect(outputs.filter(has_text="world_size == 3")).to_have_count(1, timeout=150_000)
     finally:
-        page.screenshot(path=str(ARTIFACTS / "panel-e2e-last-page.png"))
+        page.screenshot(path=str(artifacts / "panel-e2e-last-page.png"))
