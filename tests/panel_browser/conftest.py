@@ -89,6 +89,10 @@ def lab_server(tmp_path):
     _notebook(root / "demo.ipynb")
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / "jupyter-lab.log"
+    # No "get notified about Jupyter news?" toast over the screenshots.
+    notification = tmp_path / "settings" / "@jupyterlab" / "apputils-extension" / "notification.jupyterlab-settings"
+    notification.parent.mkdir(parents=True)
+    notification.write_text(json.dumps({"fetchNews": "false"}))
     port, token = _free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if k not in ("NBLAUNCH_CONFIG", "JUPYTER_CONFIG_DIR")}
     env.update(
@@ -159,7 +163,7 @@ def browser_page(tmp_path):
             executable_path=CHROMIUM,
             headless=True,
             args=CHROMIUM_FLAGS,
-            viewport={"width": 1280, "height": 1500},
+            viewport={"width": 1280, "height": 900},
         )
         try:
             page = context.pages[0] if context.pages else context.new_page()
