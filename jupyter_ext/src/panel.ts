@@ -217,6 +217,9 @@ export class LaunchPanel extends Widget {
     if (missing) {
       this._body.replaceChildren();
     }
+    if (!this.model.loaded) {
+      this._pathLine.textContent = 'The launch config could not be loaded.';
+    }
     this._say('');
   }
 
