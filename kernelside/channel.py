@@ -1,8 +1,10 @@
 """The worker → kernel event channel: one pipe per worker, separate from its stdout.
 
 A message is an 8-byte big-endian length followed by a pickled ``(kind, payload)``
-tuple. Kinds: ``ready``, ``progress``, ``metrics``, ``result``, ``error``. The writer
-side lives in the worker (``EventWriter``); the kernel feeds whatever bytes a
+tuple, or, when the length's top bit is set, a raw ``result`` body (already pickled bytes,
+so a large return value is not pickled twice and is received into one buffer).
+Kinds: ``ready``, ``done``, ``progress``, ``metrics``, ``result``, ``error``.
+The writer side lives in the worker (``EventWriter``); the kernel feeds whatever bytes a
 non-blocking read returned into an ``EventReader`` and gets whole messages back.
 
 Example::
@@ -21,6 +23,7 @@ import struct
 import threading
 
 _HEADER = struct.Struct(">Q")
+_RAW = 1 << 63
 _F_SETPIPE_SZ = 1031  # Linux: a larger pipe buffer means fewer wake-ups for big results
 
 
@@ -44,38 +47,59 @@ class EventWriter:
         self._lock = threading.Lock()
 
     def send(self, kind: str, payload=None) -> None:
-        self.send_raw(encode(kind, payload))
+        self._write(encode(kind, payload))
 
-    def send_raw(self, data: bytes) -> None:
-        view = memoryview(data)
+    def send_result(self, body: bytes) -> None:
+        """Send already-pickled result bytes as they are."""
+        self._write(_HEADER.pack(len(body) | _RAW), body)
+
+    def _write(self, *chunks: bytes) -> None:
         with self._lock:
-            while view:
-                n = os.write(self.fd, view)
-                view = view[n:]
+            for chunk in chunks:
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(self.fd, view) :]
 
 
 class EventReader:
-    """Kernel side: reassembles messages from arbitrary chunks."""
+    """Kernel side: reassembles messages from arbitrary chunks.
+
+    The body of a message is collected in a buffer of its announced size, so a large result
+    costs one copy on the way in.
+    """
 
     def __init__(self):
-        self._buf = bytearray()
-        self._need: int | None = None
+        self._head = bytearray()
+        self._body: bytearray | None = None
+        self._filled = 0
+        self._raw = False
 
     def feed(self, chunk: bytes):
-        self._buf += chunk
-        while True:
-            if self._need is None:
-                if len(self._buf) < _HEADER.size:
+        view = memoryview(chunk)
+        while view:
+            if self._body is None:
+                take = _HEADER.size - len(self._head)
+                self._head += view[:take]
+                view = view[take:]
+                if len(self._head) < _HEADER.size:
                     return
-                (self._need,) = _HEADER.unpack_from(self._buf)
-                del self._buf[: _HEADER.size]
-            if len(self._buf) < self._need:
-                return
-            body = bytes(self._buf[: self._need])
-            del self._buf[: self._need]
-            self._need = None
-            yield pickle.loads(body)
+                (size,) = _HEADER.unpack(self._head)
+                self._head.clear()
+                self._raw = bool(size & _RAW)
+                self._body = bytearray(size & ~_RAW)
+                self._filled = 0
+                if not self._body:
+                    body, self._body = self._body, None
+                    yield ("result", body) if self._raw else pickle.loads(body)
+                    continue
+            take = min(len(view), len(self._body) - self._filled)
+            self._body[self._filled : self._filled + take] = view[:take]
+            self._filled += take
+            view = view[take:]
+            if self._filled == len(self._body):
+                body, self._body = self._body, None
+                yield ("result", body) if self._raw else pickle.loads(body)
 
     @property
     def pending_bytes(self) -> int:
-        return len(self._buf)
+        return len(self._head) + self._filled

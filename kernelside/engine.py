@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import os
 import selectors
+import signal
 import socket
 import sys
 import tempfile
@@ -397,8 +398,8 @@ class _EventLoop:
                     )
             return
         if not any(f.rank == w.rank for f in self.report.failures):
-            if self.stopping_since is not None and w.status.signal is not None:
-                return  # stopped by us
+            if self.stopping_since is not None and (w.status.signal == signal.SIGTERM or w.status.exitcode):
+                return  # ended by our SIGTERM (or by its own SIGTERM handler); a SIGKILL/SIGSEGV is its own
             self._fail(
                 Failure(rank=w.rank, kind="exit", message=w.status.describe(), t=time.monotonic(), status=w.status)
             )
@@ -414,11 +415,19 @@ class _EventLoop:
             self.ready += 1
             if self.ready == len(self.group.workers):
                 self.report.startup_s = max(r.ready_s for r in self.report.ranks)
+        elif kind == "done":
+            self.report.ranks[w.rank].done_s = payload["t"] - self.t_call
         elif kind == "result":
             self.results[w.rank] = payload
         elif kind == "metrics":
             self.report.metrics.extend(payload)
         elif kind == "error":
+            if self.stopping_since is None:
+                # A rank that already ended did so before this error was raised (a peer's crash is
+                # what a collective reports as "connection reset"): record it first.
+                for other in self.group.workers:
+                    if other is not w and other.status is None and self.group.poll(other) is not None:
+                        self._on_exit(other)
             self._fail(
                 Failure(
                     rank=w.rank,
@@ -441,7 +450,7 @@ class _EventLoop:
         if self.stopping_since is None:
             self.report.outcome = "failed"
             self.stopping_since = time.monotonic()
-            self.group.signal_all(15)  # SIGTERM; close() follows with SIGKILL
+            self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
 
     def _fail_timeout(self) -> None:
         self._fail(

@@ -44,6 +44,7 @@ class RankReport:
     pid: int
     log_path: str
     ready_s: float | None = None  # seconds from the call until this rank ran user code
+    done_s: float | None = None  # ... until the launched code returned on this rank
     ended_s: float | None = None
     status: ExitStatus | None = None
 
@@ -128,10 +129,22 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
             "\nalso failed: "
             + "; ".join(f"rank {f.rank}: {f.message.splitlines()[0][:200]}" for f in others if f.rank is not None)
         )
-    stopped = [
-        r.rank for r in report.ranks if r.rank != root.rank and not any(f.rank == r.rank for f in report.failures)
-    ]
+    failed = {f.rank for f in report.failures}
+    finished = [r.rank for r in report.ranks if r.rank not in failed and r.done_s is not None]
+    stopped = [r.rank for r in report.ranks if r.rank not in failed and r.rank not in finished]
+    if root.caused_by_peer:
+        gone = (
+            f"rank(s) {', '.join(map(str, finished))} had already finished normally"
+            if finished
+            else "another rank went away"
+        )
+        parts.append(
+            f"\nThis error means a peer left the collective: {gone}. Did one rank skip a collective, "
+            "return early, or take a different code path?"
+        )
+    if finished:
+        parts.append(f"finished normally: rank(s) {', '.join(map(str, finished))}")
     if stopped:
-        parts.append(f"stopped: rank(s) {', '.join(map(str, stopped))}")
+        parts.append(f"stopped by nblaunch: rank(s) {', '.join(map(str, stopped))}")
     parts.append(f"logs of every rank: {report.log_dir}")
     return "\n".join(parts)

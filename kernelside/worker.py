@@ -201,9 +201,11 @@ def _to_cpu_pickler():
                 return (_kernel_main_attr, (obj.__qualname__,))
             if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
                 cpu = obj.detach().to("cpu")
-                if type(obj) is not torch.Tensor and type(cpu) is type(obj):
-                    return NotImplemented if cpu is obj else (_identity, (cpu,))
-                return (_identity, (cpu.as_subclass(torch.Tensor) if type(cpu) is not torch.Tensor else cpu,))
+                if isinstance(obj, torch.nn.Parameter):  # modules need Parameters back, not tensors
+                    return (torch.nn.Parameter, (cpu.as_subclass(torch.Tensor), obj.requires_grad))
+                if cpu.device.type != "cpu":  # a subclass that keeps claiming a device: keep the data
+                    cpu = cpu.as_subclass(torch.Tensor)
+                return (_identity, (cpu,))
             return super().reducer_override(obj)
 
     return ToCPUPickler
@@ -289,9 +291,10 @@ def run(p: Payload) -> None:
         phase = "run"
         value = p.fn(*p.args, **p.kwargs)
         progress.finish_in_worker()
+        events.send("done", {"t": time.monotonic()})
         phase = "result"
         if p.return_result:
-            events.send("result", dumps_result(unwrap_for_return(value)))
+            events.send_result(dumps_result(unwrap_for_return(value)))
         code = 0
     except SystemExit as e:  # sys.exit(0) in user code is a normal end, like a script's
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
