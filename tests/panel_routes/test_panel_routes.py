@@ -144,3 +144,15 @@ async def test_every_route_requires_authentication(http_server_client, jp_base_u
     )
     assert response.code == 403
     assert b"Traceback" not in response.body
+
+
+async def test_put_replaces_the_file_by_rename_and_leaves_nothing_else(jp_fetch, jp_root_dir):
+    path = jp_root_dir / "nblaunch.yaml"
+    path.write_text("num_processes: 2\n")
+    before = path.stat().st_ino
+    code, _ = await fetch_json(jp_fetch, "config", method="PUT", body={"values": {"num_processes": 4}})
+    assert code == 200
+    # a new inode: the text was written to a temporary file that was renamed over the old one
+    assert path.stat().st_ino != before
+    assert sorted(p.name for p in jp_root_dir.iterdir()) == ["nblaunch.yaml"]
+    assert path.read_text() == "num_processes: 4\n"
