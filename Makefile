@@ -59,11 +59,11 @@ demo: venv
 	$(PY) notebooks/execute.py notebooks/quickstart.ipynb
 
 lab: venv frontend
-	cd notebooks && ../$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser
+	cd notebooks && ../$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench
-	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench
+	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench notebooks
+	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench notebooks
 
 test: venv frontend frontend-test lint
 	$(PY) -m pytest tests

@@ -67,6 +67,7 @@ def executed(tmp_path_factory):
             """),
             "r = __import__('kernelside').last_report()\n"
             "print(len(r.metrics), r.metrics[-1], r.event_counts['progress'])",
+            "%%distributed -n 2 --progress all\nfor _ in progress(range(7), desc='per-rank'):\n    pass",
         ],
     )
 
@@ -93,6 +94,12 @@ def test_rank0_bars_end_exact_and_nested_leave_false_bars_are_removed(executed):
     texts = [state[m]["state"]["value"] for m in shown if state[m]["model_name"] == "HTMLModel"]
     assert any("10/10" in t and "loss=0.5" in t for t in texts)
     assert any("2 done" in t for t in texts)  # the status line
+
+
+def test_progress_all_draws_one_labelled_bar_per_rank(executed):
+    bars = sorted(b["description"] for b in _bars(_widgets(executed)) if "per-rank" in b["description"])
+    assert bars == ["[rank 0] per-rank", "[rank 1] per-rank"]
+    assert all(b["value"] == 7.0 for b in _bars(_widgets(executed)) if "per-rank" in b["description"])
 
 
 def test_tqdm_auto_in_a_worker_draws_one_rank0_bar_and_no_text(executed):
