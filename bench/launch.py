@@ -102,10 +102,23 @@ def run_mp(n, outdir, method):
 
 
 def run_torchrun(n, outdir, script):
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc-per-node={n}",
-                    "--master-addr=127.0.0.1", f"--master-port={free_port()}", script, outdir],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ,
-                                                                                           "OMP_NUM_THREADS": "1"})
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes=1",
+            f"--nproc-per-node={n}",
+            "--master-addr=127.0.0.1",
+            f"--master-port={free_port()}",
+            script,
+            outdir,
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
 
 
 def run_accelerate(n, outdir):
@@ -153,9 +166,9 @@ KERNEL_SETUP = textwrap.dedent("""\
 
 KERNEL_LAUNCH = {
     "nblaunch": "from kernelside import notebook_launcher\nlaunch = lambda: notebook_launcher(ddp_300_steps, "
-                "num_processes=2)",
+    "num_processes=2)",
     "accelerate": "from accelerate import notebook_launcher\nlaunch = lambda: notebook_launcher(ddp_300_steps, "
-                  "num_processes=2, use_port=str(free_port()))",
+    "num_processes=2, use_port=str(free_port()))",
 }
 
 
@@ -204,22 +217,32 @@ def main() -> int:
     for n in sizes:
         for name, fn in launchers.items():
             rows[(name, n)] = measure(fn, n, runs)
-            print(f"N={n} {name}: start-up {rows[(name, n)][0]:.3f}s, end to end {rows[(name, n)][1]:.3f}s",
-                  file=sys.stderr)
-    lines = [f"Launch cost, {datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, CPU/gloo, "
-             f"median of {runs} runs after a warm-up launch (`python -m bench.launch{' --quick' if ns.quick else ''}`)."
-             "", "",
-             "| launcher | N | start-up (s) | end to end (s) | end to end vs mp fork | vs torchrun |",
-             "|---|---|---|---|---|---|"]
+            print(
+                f"N={n} {name}: start-up {rows[(name, n)][0]:.3f}s, end to end {rows[(name, n)][1]:.3f}s",
+                file=sys.stderr,
+            )
+    lines = [
+        f"Launch cost, {datetime.date.today()}, {platform.machine()} with {os.cpu_count()} cores, CPU/gloo, "
+        f"median of {runs} runs after a warm-up launch (`python -m bench.launch{' --quick' if ns.quick else ''}`)."
+        "",
+        "",
+        "| launcher | N | start-up (s) | end to end (s) | end to end vs mp fork | vs torchrun |",
+        "|---|---|---|---|---|---|",
+    ]
     for n in sizes:
         mp_fork, trun = rows[("torch.multiprocessing fork", n)][1], rows[("torchrun", n)][1]
         for name in launchers:
             s, e = rows[(name, n)]
             lines.append(f"| {name} | {n} | {s:.3f} | {e:.3f} | {e / mp_fork:.2f}x | {e / trun:.2f}x |")
     if not ns.quick:
-        lines += ["", "DDP(nn.Linear(16, 1)), 300 steps over a DistributedSampler, 2 workers, launched 3 times in a "
-                      "row from one real Jupyter kernel (seconds per launch):", "",
-                  "| launcher | 1st | 2nd | 3rd | 2nd+3rd vs Accelerate |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "DDP(nn.Linear(16, 1)), 300 steps over a DistributedSampler, 2 workers, launched 3 times in a "
+            "row from one real Jupyter kernel (seconds per launch):",
+            "",
+            "| launcher | 1st | 2nd | 3rd | 2nd+3rd vs Accelerate |",
+            "|---|---|---|---|---|",
+        ]
         ours = kernel_ddp_cell("nblaunch")
         theirs = kernel_ddp_cell("accelerate") if have_accelerate else None
         ratio = statistics.mean(ours[1:]) / statistics.mean(theirs[1:]) if theirs else float("nan")
