@@ -26,7 +26,7 @@ from pathlib import Path
 
 import yaml
 
-from kernelside import config
+from kernelside import accelerate_config, config
 from kernelside.errors import LaunchConfigError
 
 from .errors import PanelRequestError
@@ -141,7 +141,7 @@ class ConfigStore:
         """Values from an Accelerate config (``body["path"]`` under the root, or Accelerate's default)."""
         raw = body.get("path")
         if raw in (None, ""):
-            path = config.accelerate_default_config_path()
+            path = accelerate_config.default_config_path()
             missing = f"no Accelerate config at {path}: run `accelerate config` first, or give a path under {self.root}"
         else:
             path = self.resolve_client_path(raw)
@@ -151,7 +151,7 @@ class ConfigStore:
         if not path.is_file():
             raise PanelRequestError(400, f"{raw or path!r} is not a file")
         try:
-            imported = config.import_accelerate(path)
+            imported = accelerate_config.import_accelerate(path)
         except LaunchConfigError as e:
             raise PanelRequestError(400, f"{path}: {e}") from None
         except (ValueError, TypeError, UnicodeDecodeError) as e:
@@ -169,7 +169,7 @@ class ConfigStore:
         if path == self.target_path().resolve():
             raise PanelRequestError(400, f"{raw!r} is nblaunch's own config file; choose another name")
         good = _validated(_values_from(body))
-        text = yaml.safe_dump(config.export_accelerate(good), sort_keys=False, default_flow_style=False)
+        text = yaml.safe_dump(accelerate_config.export_accelerate(good), sort_keys=False, default_flow_style=False)
         try:
             _write_text_atomic(path, text)
         except OSError as e:
@@ -217,7 +217,7 @@ def _load_nblaunch(path: Path) -> _LoadedFile:
 
 def _load_accelerate(path: Path) -> _LoadedFile:
     try:
-        imported = config.import_accelerate(path)
+        imported = accelerate_config.import_accelerate(path)
     except (OSError, ValueError, TypeError, UnicodeDecodeError) as e:
         return _LoadedFile(warnings=[f"Accelerate's config {path} could not be read ({e}); showing defaults."])
     return _LoadedFile(imported.values, {}, imported.warnings)

@@ -7,9 +7,9 @@ import os
 import pytest
 
 from kernelside import notebook_launcher
+from kernelside.accelerate_config import import_accelerate
 from kernelside.config import (
     find_config_path,
-    import_accelerate,
     load_config_file,
     resolve_config,
     save_config_file,
