@@ -81,13 +81,17 @@ def test_papermill_runs_a_magic_notebook_with_parameters(tmp_path):
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     params = nbformat.v4.new_code_cell("workers = 2")
     params.metadata["tags"] = ["parameters"]
-    nb.cells = [params, nbformat.v4.new_code_cell("%load_ext kernelside"),
-                nbformat.v4.new_code_cell("%%distributed -n $workers --return got\ngot = world_size"),
-                nbformat.v4.new_code_cell("print('papermill world', got, workers)")]
+    nb.cells = [
+        params,
+        nbformat.v4.new_code_cell("%load_ext kernelside"),
+        nbformat.v4.new_code_cell("%%distributed -n $workers --return got\ngot = world_size"),
+        nbformat.v4.new_code_cell("print('papermill world', got, workers)"),
+    ]
     src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
     nbformat.write(nb, src)
-    papermill.execute_notebook(str(src), str(out), parameters={"workers": 5}, kernel_name="python3",
-                               cwd=str(tmp_path), progress_bar=False)
+    papermill.execute_notebook(
+        str(src), str(out), parameters={"workers": 5}, kernel_name="python3", cwd=str(tmp_path), progress_bar=False
+    )
     done = nbformat.read(out, 4)
     # the injected parameter reaches the magic's flags through IPython's $name expansion
     assert done.cells[-1].outputs[0]["text"] == "papermill world 5 5\n"
