@@ -1,4 +1,4 @@
-"""IPython magics: ``%%distributed``, ``%distributed_config``, ``%distributed_last``.
+"""IPython magics: ``%%distributed``, ``%distributed_config``, ``%distributed_last``, ``%distributed_export``.
 
 The magics only parse and delegate: the cell becomes a ``CellProgram`` and goes through the
 same ``engine.launch()`` that ``notebook_launcher()`` uses.
@@ -24,6 +24,7 @@ from .cell import prepare_cell, ship_namespace
 from .config import resolve_config
 from .engine import LaunchRequest, last_report, launch
 from .errors import LaunchConfigError
+from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
 from .plan import make_plan
 
 
@@ -115,6 +116,7 @@ class DistributedMagics(Magics):
             "timeout": args.timeout,
             "main_process_port": args.port,
         }
+        remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
         outcome = launch(req)
         results = outcome.values if req.return_all else [outcome.value]
@@ -136,6 +138,52 @@ class DistributedMagics(Magics):
         else:
             shell.user_ns.update(chosen["returned"])
         return results[0]["last"]
+
+    @magic_arguments()
+    @argument("path", metavar="NAME.py", help="The script to write (data the code uses goes to NAME.data.pkl).")
+    @argument("function", nargs="?", default=None, help="Export this notebook function instead of the last cell.")
+    @argument("--args", default=None, metavar="EXPR", help="The function's arguments, a tuple expression: '(0.1,)'.")
+    @argument("-n", "--num-processes", type=int, default=None, help="num_processes (total over all machines).")
+    @argument("--port", type=int, default=None, help="Rendezvous port in the command (default: config, else 29500).")
+    @argument("--config", default=None, metavar="PATH", help="nblaunch.yaml to use instead of the one found.")
+    @line_magic
+    def distributed_export(self, line):
+        """Write the last %%distributed cell (or a notebook function) as a script, with the torchrun and
+        accelerate launch commands that run it with the current configuration.
+
+        Example: ``%distributed_export train.py`` or ``%distributed_export train.py train --args "(0.1,)"``.
+        """
+        args = parse_argstring(self.distributed_export, line)
+        ns = self.shell.user_ns
+        overrides = {"num_processes": args.num_processes, "main_process_port": args.port}
+        if args.function is None:
+            record = last_cell()
+            if record is None:
+                raise LaunchConfigError(
+                    None,
+                    None,
+                    None,
+                    message="no %%distributed cell has run in this kernel yet: run one, or name a notebook function "
+                    "(%distributed_export train.py train). Nothing was written.",
+                )
+            given = {k: v for k, v in overrides.items() if v is not None}
+            config = args.config or record.config
+            record = CellRecord(record.body, record.label, {**record.arguments, **given}, config)
+            exported = export_cell(args.path, record, ns)
+        else:
+            if args.function not in ns:
+                raise LaunchConfigError("function", args.function, "the name of a function defined in the notebook")
+            text = args.args or "()"
+            if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":  # IPython keeps the quotes
+                text = text[1:-1]
+            call_args = eval(text, ns)  # noqa: S307 - the user's own expression
+            if not isinstance(call_args, tuple):
+                call_args = (call_args,)
+            exported = export_function(
+                args.path, ns[args.function], args=call_args, user_ns=ns, arguments=overrides, config=args.config
+            )
+        print(exported)
+        return None
 
     @line_magic
     def distributed_config(self, line):
@@ -176,6 +224,7 @@ class DistributedMagics(Magics):
 
 # A misspelt or shortened flag is an error, never silently taken for another flag.
 DistributedMagics.distributed.parser.allow_abbrev = False
+DistributedMagics.distributed_export.parser.allow_abbrev = False
 
 
 def _cpu_count() -> int:
