@@ -18,6 +18,7 @@ import dataclasses
 import datetime
 import os
 import selectors
+import shutil
 import signal
 import socket
 import sys
@@ -110,9 +111,15 @@ def _listen_socket(requested: int | None, out) -> socket.socket:
     return s
 
 
+KEEP_RUN_LOGS = 50  # per log folder, the newest runs' logs are kept; older run folders are removed
+
+
 def _log_dir(plan: LaunchPlan) -> str:
     base = plan.log_dir or os.path.join(tempfile.gettempdir(), f"nblaunch-{os.getuid()}")
     os.makedirs(base, exist_ok=True)
+    runs = sorted(e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name.startswith("run-"))
+    for old in runs[: max(0, len(runs) - KEEP_RUN_LOGS + 1)]:  # names sort by their timestamp
+        shutil.rmtree(old, ignore_errors=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     return tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=base)
 
@@ -266,8 +273,21 @@ def _outcome(report: LaunchReport, loop: _EventLoop, req: LaunchRequest, router)
         message = format_failure_message(report, root, router)
         cls = LaunchTimeoutError if report.outcome == "timeout" else WorkerError
         raise cls(message, rank=root.rank, failures=report.failures, report=report)
+    values = []
+    for rank, body in enumerate(loop.results):
+        try:
+            values.append(cloudpickle.loads(body) if body is not None else None)
+        except Exception as e:
+            report.outcome = "failed"
+            raise WorkerError(
+                f"nblaunch: rank {rank}'s return value arrived but cannot be rebuilt in the kernel: "
+                f"{type(e).__name__}: {e}. Return plain data (numbers, lists, dicts, tensors, state_dict()), or "
+                "objects whose classes the kernel can import.",
+                rank=rank,
+                failures=[],
+                report=report,
+            ) from None
     report.outcome = "ok"
-    values = [cloudpickle.loads(b) if b is not None else None for b in loop.results]
     return LaunchOutcome(values[0], values if req.return_all else None, report)
 
 

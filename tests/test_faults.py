@@ -12,7 +12,7 @@ import types
 import pytest
 import torch
 
-from kernelside import LaunchError, LaunchTimeoutError, WorkerError, notebook_launcher
+from kernelside import LaunchError, LaunchTimeoutError, WorkerError, last_report, notebook_launcher
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -173,3 +173,33 @@ def test_two_launches_at_once_from_two_threads_the_second_is_refused():
         notebook_launcher(rank_and_world, num_processes=2)
     t.join()
     assert results["first"] == "slow done"
+
+
+def return_object_of_a_worker_only_module():
+    mod = types.ModuleType("exists_only_in_the_worker")
+    exec("class Result:\n    pass\n", mod.__dict__)
+    sys.modules["exists_only_in_the_worker"] = mod
+    return mod.Result()
+
+
+def test_result_the_kernel_cannot_rebuild_is_a_clear_error():
+    expect_failure(
+        return_object_of_a_worker_only_module,
+        rank=0,
+        fragment="rank 0's return value arrived but cannot be rebuilt in the kernel: ModuleNotFoundError",
+    )
+
+
+def test_old_run_logs_are_pruned_to_the_newest_fifty(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for i in range(60):
+        (logs / f"run-20200101-0000{i:02d}-x").mkdir()
+    (logs / "notes").mkdir()  # not a run folder: left alone
+    cfg = tmp_path / "nblaunch.yaml"
+    cfg.write_text(f"log_dir: {logs}\n")
+    notebook_launcher(rank_and_world, num_processes=2, config=str(cfg))
+    runs = sorted(p.name for p in logs.iterdir() if p.name.startswith("run-"))
+    assert len(runs) == 50
+    assert runs[0] == "run-20200101-000011-x"  # the eleven oldest went
+    assert os.path.dirname(last_report().log_dir) == str(logs) and (logs / "notes").is_dir()
