@@ -21,7 +21,6 @@ import json
 import os
 import re
 import shlex
-import tempfile
 from pathlib import Path
 
 import yaml
@@ -171,7 +170,7 @@ class ConfigStore:
         good = _validated(_values_from(body))
         text = yaml.safe_dump(accelerate_config.export_accelerate(good), sort_keys=False, default_flow_style=False)
         try:
-            _write_text_atomic(path, text)
+            config.write_text_atomic(path, text)
         except OSError as e:
             raise PanelRequestError(500, f"could not write {path}: {e.strerror or e}") from None
         shown = self._display(path)
@@ -264,17 +263,3 @@ def _validated(values: dict) -> dict:
         listing = "; ".join(f"{k}: {m}" for k, m in errors.items())
         raise PanelRequestError(400, f"{len(errors)} invalid setting(s) — {listing}", fields=errors)
     return good
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

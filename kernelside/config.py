@@ -398,21 +398,25 @@ def save_config_file(path: str | os.PathLike, values: dict, unknown: dict | None
         k = next(iter(errors))
         raise LaunchConfigError(k, values[k], None, message=f"{k}: {errors[k]}")
     p = Path(path)
-    text = dump_config_text(good, unknown)
-    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", suffix=".tmp", dir=p.parent)
+    write_text_atomic(p, dump_config_text(good, unknown))
+    return p
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a temporary file beside ``path``, then rename it over: readers see the old or the new file, whole."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
-        if p.exists():
-            os.chmod(tmp, p.stat().st_mode & 0o777)
-        os.replace(tmp, p)
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return p
 
 
 def find_config_path(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import subprocess
 import sys
 import time
 
@@ -89,4 +90,15 @@ class Cell:
         return self
 
 
-__all__ = ["Kernel", "Cell", "sys"]
+def run_terminal_ipython(script_path: str) -> subprocess.CompletedProcess:
+    """Run an .ipy file in a terminal IPython shell (no kernel, no widgets), from the repo."""
+    return subprocess.run(
+        [sys.executable, "-m", "IPython", "--quick", "--no-banner", str(script_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+__all__ = ["Kernel", "Cell", "run_terminal_ipython"]

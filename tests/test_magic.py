@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import textwrap
 
 import pytest
-from kernel import REPO, Kernel
+from kernel import Kernel, run_terminal_ipython
 
 NET = """
 import torch
@@ -171,13 +169,7 @@ def test_magic_works_in_plain_terminal_ipython(tmp_path):
         print('total', total, type(get_ipython()).__name__)
         ''')
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "IPython", "--quick", "--no-banner", str(script)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_terminal_ipython(script)
     assert proc.returncode == 0, proc.stderr
     assert "terminal rank 0" in proc.stdout and "terminal rank 1" not in proc.stdout
     assert "total 3.0 TerminalInteractiveShell" in proc.stdout

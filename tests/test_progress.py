@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import textwrap
 
 import nbformat
 import pytest
-from kernel import REPO
+from kernel import run_terminal_ipython
 from nbclient import NotebookClient
 
 from kernelside import last_report, log_metrics, notebook_launcher, progress
@@ -152,13 +150,7 @@ def test_text_fallback_in_terminal_ipython_draws_tqdm_text_on_rank0_stderr(tmp_p
         print("metrics", len(__import__("kernelside").last_report().metrics))
         ''')
     )
-    proc = subprocess.run(
-        [sys.executable, "-m", "IPython", "--quick", "--no-banner", str(script)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = run_terminal_ipython(script)
     assert proc.returncode == 0, proc.stderr
     assert "text-bar-rank0: 100%" in proc.stderr and "30/30" in proc.stderr
     assert "text-bar-rank1" not in proc.stderr + proc.stdout
