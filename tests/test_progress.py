@@ -66,6 +66,9 @@ def executed(tmp_path_factory):
             "r = __import__('kernelside').last_report()\n"
             "print(len(r.metrics), r.metrics[-1], r.event_counts['progress'])",
             "%%distributed -n 2 --progress all\nfor _ in progress(range(7), desc='per-rank'):\n    pass",
+            "try:\n    get_ipython().run_cell_magic('distributed', '-n 2', "
+            '\'for _ in progress(range(5), desc="doomed"):\\n    if rank == 0:\\n        raise ValueError("bad shard")\')\n'
+            "except Exception as e:\n    print(type(e).__name__)",
         ],
     )
 
@@ -98,6 +101,15 @@ def test_progress_all_draws_one_labelled_bar_per_rank(executed):
     bars = sorted(b["description"] for b in _bars(_widgets(executed)) if "per-rank" in b["description"])
     assert bars == ["[rank 0] per-rank", "[rank 1] per-rank"]
     assert all(b["value"] == 7.0 for b in _bars(_widgets(executed)) if "per-rank" in b["description"])
+
+
+def test_status_line_turns_into_the_error_summary_on_failure(executed):
+    assert executed.cells[-1].outputs[-1]["text"] == "WorkerError\n"
+    texts = [m["state"]["value"] for m in _widgets(executed).values() if m["model_name"] == "HTMLModel"]
+    summary = [t for t in texts if "nblaunch: failed" in t]
+    assert summary and "rank 0 failed: ValueError: bad shard" in summary[0] and "logs:" in summary[0]
+    doomed = [b for b in _bars(_widgets(executed)) if b["description"] == "doomed"]
+    assert doomed and doomed[0]["bar_style"] == "danger"
 
 
 def test_tqdm_auto_in_a_worker_draws_one_rank0_bar_and_no_text(executed):
