@@ -41,6 +41,18 @@ def _shown(state: dict, model_id: str) -> list[str]:
     return out
 
 
+# A failing launch inside a try, so the notebook runs on and its widgets can be inspected.
+FAILING_CELL = """try:
+    get_ipython().run_cell_magic("distributed", "-n 2", '''
+for _ in progress(range(5), desc="doomed"):
+    if rank == 0:
+        raise ValueError("bad shard")
+''')
+except Exception as e:
+    print(type(e).__name__)
+"""
+
+
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("progress")
@@ -66,9 +78,7 @@ def executed(tmp_path_factory):
             "r = __import__('kernelside').last_report()\n"
             "print(len(r.metrics), r.metrics[-1], r.event_counts['progress'])",
             "%%distributed -n 2 --progress all\nfor _ in progress(range(7), desc='per-rank'):\n    pass",
-            "try:\n    get_ipython().run_cell_magic('distributed', '-n 2', "
-            '\'for _ in progress(range(5), desc="doomed"):\\n    if rank == 0:\\n        raise ValueError("bad shard")\')\n'
-            "except Exception as e:\n    print(type(e).__name__)",
+            FAILING_CELL,
         ],
     )
 
