@@ -32,9 +32,9 @@ from .errors import PanelRequestError
 
 DEFAULT_EXPORT_NAME = "accelerate_config.yaml"
 
-# Multi-machine launches need an engine that is not there yet (Ray / torchrun export);
-# the panel shows those fields disabled with a note while this is False.
-MULTI_MACHINE_AVAILABLE = False
+# Multi-machine launches go through torch's elastic launcher (num_machines > 1) or Ray (engine: ray);
+# while this is False the panel shows those fields disabled with a note.
+MULTI_MACHINE_AVAILABLE = True
 
 
 class ConfigStore:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,8 @@ class Field:
 
 
 MIXED_PRECISION = ("no", "fp16", "bf16", "fp8")
+_HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[?[0-9A-Fa-f:]+\]?")
+_RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9.\-\[\]:]+:[0-9]+")
 
 FIELDS: tuple[Field, ...] = (
     Field(
@@ -154,7 +157,7 @@ FIELDS: tuple[Field, ...] = (
         "num_machines",
         "int",
         1,
-        "Number of machines (more than 1 needs a multi-machine engine).",
+        "Number of machines. More than 1: every machine runs the same cell, joined by torch's elastic launcher.",
         "machines",
         minimum=1,
         accelerate=True,
@@ -164,7 +167,7 @@ FIELDS: tuple[Field, ...] = (
         "main_process_ip",
         "str",
         None,
-        "Address of machine 0 (multi-machine only).",
+        "Address (IP or host name) of machine 0, which every machine can reach (multi-machine only).",
         "machines",
         nullable=True,
         accelerate=True,
@@ -173,10 +176,34 @@ FIELDS: tuple[Field, ...] = (
         "rdzv_backend",
         "str",
         "static",
-        "Rendezvous backend (multi-machine only).",
+        "Rendezvous backend (multi-machine only): c10d (torchrun's default) or static (needs machine_rank).",
         "machines",
         choices=("static", "c10d"),
         accelerate=True,
+    ),
+    Field(
+        "engine",
+        "str",
+        "local",
+        "Where workers run: local (this machine's processes) or ray (Ray Train on the cluster at ray_address).",
+        "machines",
+        choices=("local", "ray"),
+    ),
+    Field(
+        "ray_address",
+        "str",
+        "local",
+        "Ray cluster for engine: ray: 'local' (a Ray started for this kernel), 'auto', 'HOST:PORT' or "
+        "'ray://HOST:PORT'.",
+        "machines",
+    ),
+    Field("use_gpu", "bool", False, "engine: ray: give each worker a GPU.", "machines"),
+    Field(
+        "resources_per_worker",
+        "dict",
+        {},
+        "engine: ray: Ray resources per worker, e.g. {CPU: 2}.",
+        "machines",
     ),
     Field(
         "same_network", "bool", True, "Accelerate: all machines are on the same network.", "machines", accelerate=True
@@ -290,11 +317,19 @@ def check_value(name: str, value: Any) -> Any:
             v = v.replace(" ", "")
             if v != "all" and not all(p.isdigit() for p in v.split(",")):
                 raise LaunchConfigError(name, value, "'all' or comma-separated GPU indices such as '0,1'")
+        if name == "main_process_ip" and not _HOST.fullmatch(v):
+            raise LaunchConfigError(name, value, "an IP address or host name without port, e.g. 10.0.0.1")
+        if name == "ray_address" and not (v in ("local", "auto") or _RAY_ADDRESS.fullmatch(v)):
+            raise LaunchConfigError(name, value, "'local', 'auto', 'HOST:PORT' or 'ray://HOST:PORT'")
     elif f.type == "dict":
         if not isinstance(v, dict):
             raise LaunchConfigError(name, value, _allowed(f))
         if name == "env":
             v = {str(k): str(val) for k, val in v.items()}
+        if name == "resources_per_worker":
+            bad = [k for k, n in v.items() if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0]
+            if bad:
+                raise LaunchConfigError(name, value, "a mapping of resource name to a number >= 0, e.g. {CPU: 2}")
     if f.minimum is not None and v < f.minimum:
         raise LaunchConfigError(name, value, _allowed(f))
     return v

@@ -63,6 +63,7 @@ class LaunchRequest:
     bind: object = None  # callable(plan) -> the function to run, once the plan (fork/spawn...) is known
     line_prefix: str | None = None  # torchrun-style template: "${rank}", "${local_rank}", "${role_name}"
     restart_count: int = 0
+    elastic: dict = dataclasses.field(default_factory=dict)  # rdzv_conf, rdzv_id, max_restarts... (multi-machine)
 
 
 @dataclasses.dataclass
@@ -174,6 +175,10 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             "launches run one at a time. Wait for it to finish, then launch again."
         )
     try:
+        if plan.num_machines > 1:  # across machines: torch's elastic launcher, not an engine of ours
+            from .multinode import launch_elastic
+
+            return launch_elastic(req, plan, _log_dir(plan), out, err)
         return _run(req, plan, blob, out, err)
     finally:
         _launch_lock.release()

@@ -76,13 +76,12 @@ def notebook_launcher(
         raise LaunchConfigError("function", function, "a callable, e.g. a function defined in the notebook")
     if not isinstance(args, (tuple, list)):
         raise LaunchConfigError("args", args, "a tuple of positional arguments, e.g. args=(cfg,)")
-    if num_nodes is None or int(num_nodes) != 1:
-        raise NotImplementedError(
-            f"num_nodes={num_nodes}: nblaunch runs on one machine for now; launches across machines will go "
-            "through torch's elastic launcher (torchrun, c10d rendezvous) or Ray. Use num_nodes=1."
-        )
-    if node_rank not in (0, None):
+    if not isinstance(num_nodes, int) or isinstance(num_nodes, bool) or num_nodes < 1:
+        raise LaunchConfigError("num_nodes", num_nodes, "an integer >= 1")
+    if num_nodes == 1 and node_rank not in (0, None):
         raise LaunchConfigError("node_rank", node_rank, "0 when num_nodes=1")
+    if num_nodes > 1:
+        return _across_machines(locals())
     if master_addr not in _LOOPBACK:
         sys.stderr.write(
             f"nblaunch: master_addr={master_addr!r} is only used across machines; a launch on one "
@@ -129,3 +128,51 @@ def notebook_launcher(
                 f"nblaunch: rank {e.rank} failed; restarting all ranks "
                 f"(restart {attempt + 1} of max_restarts={max_restarts}).\n"
             )
+
+
+def _across_machines(a: dict):
+    """num_nodes > 1: every machine makes this same call; torch's elastic launcher joins them."""
+    num_nodes, endpoint = a["num_nodes"], a["rdzv_endpoint"]
+    if a["rdzv_backend"] not in ("static", "c10d"):
+        raise LaunchConfigError("rdzv_backend", a["rdzv_backend"], "'static' or 'c10d'")
+    ip, port = None, a["use_port"] or None
+    if endpoint:
+        host, sep, p = str(endpoint).rpartition(":")
+        if not sep or not host or not p.isdigit():
+            raise LaunchConfigError("rdzv_endpoint", endpoint, "'HOST:PORT', the address of machine 0 and a port")
+        ip, port = host, int(p)
+    elif a["master_addr"] not in _LOOPBACK or a["master_addr"] == "127.0.0.1" and port:
+        ip = a["master_addr"]
+    per_node = a["num_processes"]
+    arguments = {
+        "num_processes": per_node * num_nodes if per_node else None,
+        "mixed_precision": a["mixed_precision"],
+        "main_process_port": port,
+        "main_process_ip": ip,
+        "num_machines": num_nodes,
+        "machine_rank": a["node_rank"],
+        "rdzv_backend": a["rdzv_backend"] or "static",
+        "backend": a["backend"],
+        "start_method": a["start_method"],
+        "gpu_ids": a["gpu_ids"],
+        "output": a["output"],
+        "timeout": a["timeout"],
+    }
+    req = LaunchRequest(
+        fn=a["function"],
+        args=tuple(a["args"]),
+        kwargs=dict(a["kwargs"] or {}),
+        arguments=arguments,
+        config=a["config"],
+        return_all=a["return_all"],
+        describe_args=_arg_names(a["function"], a["args"]),
+        line_prefix=a["log_line_prefix_template"],
+        elastic={
+            "rdzv_conf": a["rdzv_conf"],
+            "rdzv_id": a["rdzv_id"],
+            "max_restarts": a["max_restarts"],
+            "monitor_interval": a["monitor_interval"],
+        },
+    )
+    outcome = launch(req)
+    return outcome.values if a["return_all"] else outcome.value

@@ -36,6 +36,12 @@ class LaunchPlan:
     timeout: float | None
     log_dir: str | None
     base_env: dict  # variables every rank gets (rank-specific ones are added by env_for)
+    # Across machines (torch's elastic launcher): num_processes above is this machine's share.
+    num_machines: int = 1
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    rdzv_port: int | None = None
+    rdzv_backend: str = "static"
 
     def device_for(self, local_rank: int) -> str:
         """The device rank ``local_rank`` computes on, as a torch device string."""
@@ -156,11 +162,9 @@ def _visible_physical(count: int) -> list[str]:
 def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_site: str | None = None) -> LaunchPlan:
     """Every decision of a launch, before any process starts. Raises LaunchConfigError."""
     v = cfg.values
-    if v["num_machines"] > 1:
-        raise NotImplementedError(
-            f"num_machines={v['num_machines']}: launching across machines goes through torch's elastic launcher or "
-            "Ray, which nblaunch does not drive yet. For one machine, set num_machines=1."
-        )
+    machines = v["num_machines"]
+    if machines > 1:
+        check_machines(v)
     use_cpu = bool(v["use_cpu"]) or gpus == 0
     gpu_ids = () if use_cpu and v["gpu_ids"] == "all" else parse_gpu_ids(v["gpu_ids"], gpus)
     if v["use_cpu"]:
@@ -168,6 +172,8 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     n = v["num_processes"]
     if n is None:
         n = len(gpu_ids) if gpu_ids else 2
+    else:
+        n //= machines  # num_processes counts every machine's processes, as in Accelerate's config
     backend = choose_backend(v["backend"], n, gpu_ids, use_cpu)
     method, reason = choose_start_method(v["start_method"], cuda_initialized, init_site)
 
@@ -179,13 +185,14 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
         env["CUDA_VISIBLE_DEVICES"] = ",".join(_visible_physical(gpus)[i] for i in gpu_ids)
     elif v["use_cpu"] and gpus:
         env["CUDA_VISIBLE_DEVICES"] = ""  # keep CPU runs off the GPUs entirely
-    # Keep rendezvous and gloo/NCCL bootstrap on loopback unless the user chose an interface.
-    if "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
-        env["GLOO_SOCKET_IFNAME"] = "lo"
-    if backend == "nccl" and "NCCL_SOCKET_IFNAME" not in os.environ and "NCCL_SOCKET_IFNAME" not in env:
-        env["NCCL_SOCKET_IFNAME"] = "lo"
-    # The kernel hosts the TCPStore (as torchrun's agent does); every rank is a client.
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
+    if machines == 1:
+        # Keep rendezvous and gloo/NCCL bootstrap on loopback unless the user chose an interface.
+        if "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        if backend == "nccl" and "NCCL_SOCKET_IFNAME" not in os.environ and "NCCL_SOCKET_IFNAME" not in env:
+            env["NCCL_SOCKET_IFNAME"] = "lo"
+        # The kernel hosts the TCPStore (as torchrun's agent does); every rank is a client.
+        env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
     env["NBLAUNCH_BACKEND"] = backend
 
     return LaunchPlan(
@@ -202,4 +209,36 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
         timeout=v["timeout"],
         log_dir=v["log_dir"],
         base_env=env,
+        num_machines=machines,
+        machine_rank=v["machine_rank"],
+        main_process_ip=v["main_process_ip"],
+        rdzv_port=v["main_process_port"] or DEFAULT_RDZV_PORT,
+        rdzv_backend=v["rdzv_backend"],
     )
+
+
+DEFAULT_RDZV_PORT = 29500
+
+
+def check_machines(v: dict) -> None:
+    """The settings a launch across machines needs, checked before anything starts."""
+    machines = v["num_machines"]
+    if v["main_process_ip"] is None:
+        raise LaunchConfigError(
+            "main_process_ip",
+            None,
+            None,
+            message=f"num_machines={machines} needs main_process_ip: the address of machine 0, which every machine "
+            "can reach (or rdzv_endpoint='HOST:PORT' in notebook_launcher). Nothing was started.",
+        )
+    if v["machine_rank"] >= machines:
+        raise LaunchConfigError("machine_rank", v["machine_rank"], f"0 .. {machines - 1} (num_machines={machines})")
+    n = v["num_processes"]
+    if n is not None and n % machines:
+        raise LaunchConfigError(
+            "num_processes",
+            n,
+            None,
+            message=f"num_processes={n} counts the processes of all num_machines={machines} machines and must "
+            f"divide evenly among them: use a multiple of {machines}. Nothing was started.",
+        )

@@ -105,3 +105,34 @@ def test_accelerate_import_keeps_launcher_keys_aside():
     cf = import_accelerate("num_processes: -1\ngpu_ids: all\ndistributed_type: MULTI_GPU\nfoo: 1\n", text=True)
     assert cf.values == {"gpu_ids": "all"}  # -1 means "decide at launch" in Accelerate
     assert cf.unknown == {"distributed_type": "MULTI_GPU", "foo": 1}
+
+
+@pytest.mark.parametrize(
+    "key, value, fragment",
+    [
+        ("main_process_ip", "10.0.0.1:29500", "an IP address or host name without port"),
+        ("ray_address", "my cluster", "'local', 'auto', 'HOST:PORT' or 'ray://HOST:PORT'"),
+        ("engine", "slurm", "one of 'local', 'ray'"),
+        ("resources_per_worker", {"CPU": "two"}, "a mapping of resource name to a number >= 0"),
+    ],
+)
+def test_multi_machine_fields_are_validated_naming_key_value_and_file(tmp_path, key, value, fragment):
+    import yaml
+
+    path = tmp_path / "nblaunch.yaml"
+    path.write_text(yaml.safe_dump({key: value}))
+    with pytest.raises(LaunchConfigError) as info:
+        resolve_config({}, config=path)
+    assert f"invalid {key}={value!r} (in {path})" in str(info.value) and fragment in str(info.value)
+
+
+def test_multi_machine_fields_accept_what_torchrun_and_ray_take():
+    values = {
+        "main_process_ip": "node-0.cluster",
+        "ray_address": "ray://127.0.0.1:10001",
+        "engine": "ray",
+        "resources_per_worker": {"CPU": 1},
+        "use_gpu": True,
+    }
+    cfg = resolve_config(values, config=os.devnull)
+    assert {k: cfg.values[k] for k in values} == values

@@ -319,8 +319,12 @@ def test_unpicklable_argument_under_spawn_is_named():
 
 
 def test_multi_machine_arguments_say_what_is_missing():
-    with pytest.raises(NotImplementedError, match="torch's elastic launcher"):
-        notebook_launcher(whoami, num_nodes=2)
+    with pytest.raises(LaunchConfigError, match="num_machines=2 needs main_process_ip"):
+        notebook_launcher(whoami, num_nodes=2, config=os.devnull)
+    with pytest.raises(LaunchConfigError, match="invalid rdzv_endpoint='node0'"):
+        notebook_launcher(whoami, num_nodes=2, rdzv_endpoint="node0", rdzv_backend="c10d")
+    with pytest.raises(LaunchConfigError, match="invalid machine_rank=2"):
+        notebook_launcher(whoami, num_nodes=2, node_rank=2, rdzv_endpoint="127.0.0.1:29500", rdzv_backend="c10d")
 
 
 def talk(n):

@@ -106,9 +106,20 @@ def test_accelerate_variables_follow_the_config():
     assert env["FSDP_SHARDING_STRATEGY"] == "FULL_SHARD" and env["FSDP_OFFLOAD_PARAMS"] == "false"
 
 
-def test_several_machines_point_to_the_engines_that_will_do_it():
-    with pytest.raises(NotImplementedError, match="torch's elastic launcher or Ray"):
+def test_several_machines_need_the_address_of_machine_0_a_valid_rank_and_an_even_split():
+    with pytest.raises(LaunchConfigError, match="num_machines=2 needs main_process_ip"):
         plan(num_machines=2)
+    with pytest.raises(LaunchConfigError, match="invalid machine_rank=2"):
+        plan(num_machines=2, machine_rank=2, main_process_ip="10.0.0.1")
+    with pytest.raises(LaunchConfigError, match="num_processes=3 counts the processes of all num_machines=2"):
+        plan(num_machines=2, num_processes=3, main_process_ip="10.0.0.1")
+
+
+def test_several_machines_split_num_processes_and_leave_the_network_interface_alone():
+    p = plan(num_machines=2, machine_rank=1, num_processes=4, main_process_ip="10.0.0.1", rdzv_backend="c10d")
+    assert (p.num_processes, p.num_machines, p.machine_rank) == (2, 2, 1)
+    assert (p.main_process_ip, p.rdzv_port, p.rdzv_backend) == ("10.0.0.1", 29500, "c10d")
+    assert "GLOO_SOCKET_IFNAME" not in p.base_env and "TORCHELASTIC_USE_AGENT_STORE" not in p.base_env
 
 
 def test_cuda_guard_records_the_first_site_that_initializes_cuda():

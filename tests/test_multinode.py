@@ -1,0 +1,30 @@
+"""notebook_launcher(num_nodes=2): two kernels, one rendezvous on 127.0.0.1, through torch's elastic launcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from kernel import REPO
+from netns import run_isolated
+
+
+def test_two_kernels_as_two_machines_train_together_and_name_the_failing_rank():
+    driver = os.path.join(REPO, "tests", "multinode_driver.py")
+    proc = run_isolated([sys.executable, driver, "29400"], timeout=240, env={"PYTHONPATH": REPO})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    node0, node1 = out["ok"]
+    assert node0["error"] is None and node1["error"] is None, out["ok"]
+    assert node0["result"] == "(6.0, 4)"  # 0+1+2+3 over 4 ranks on 2 "machines"
+    assert node1["result"] is None
+    assert "[rank 0] hello from rank 0 of 4" in node0["stdout"] and "rank 1" not in node0["stdout"]
+    assert "[rank 2] hello from rank 2 of 4" in node1["stdout"]
+
+    fail0, fail1 = out["failed"]
+    assert fail1["error"][0] == "WorkerError"
+    assert fail1["error"][1].startswith("nblaunch: rank 3 failed: ValueError: bad shard on rank 3")
+    assert fail0["error"][0] == "WorkerError"
+    assert "a rank on another machine may have failed first" in fail0["error"][1]
+    assert out["left"] == [[], []]
