@@ -1,0 +1,233 @@
+"""What every benchmark script shares: ports, the torchrun command, process bookkeeping, result files.
+
+The bench process makes itself a child subreaper (``adopt_orphans()``), so a worker whose launcher
+died is re-parented to it instead of to init: ``descendants()`` then finds every process a benchmark
+started, and ``stop_tree()`` ends them by pid. Nothing is ever killed by name.
+
+Example::
+
+    >>> adopt_orphans()
+    >>> ...                                   # launches
+    >>> assert not descendants(), "a launch left processes behind"
+    >>> write_result("steady", quick=False, text=table)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import datetime
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def free_port() -> int:
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def torchrun_cmd(n: int, script: str, *args: str) -> list[str]:
+    """torchrun on one machine, rendezvous on 127.0.0.1 and a free port."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc-per-node={n}",
+        "--master-addr=127.0.0.1",
+        f"--master-port={free_port()}",
+        script,
+        *args,
+    ]
+
+
+def median(xs) -> float:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else float("nan")
+
+
+# -- processes ------------------------------------------------------------------------------------
+
+
+def adopt_orphans() -> None:
+    """Become the reaper of our orphaned descendants, so none can escape ``descendants()``."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _parents() -> dict[int, tuple[int, str]]:
+    """pid -> (ppid, state) for every process we can see."""
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        rest = stat[stat.rfind(")") + 2 :].split()
+        out[int(name)] = (int(rest[1]), rest[0])
+    return out
+
+
+def descendants(root: int | None = None, *, include_zombies: bool = False) -> list[int]:
+    """Every live process below ``root`` (this process by default)."""
+    root = os.getpid() if root is None else root
+    table = _parents()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], list(children.get(root, []))
+    while todo:
+        pid = todo.pop()
+        if include_zombies or table[pid][1] != "Z":
+            found.append(pid)
+        todo.extend(children.get(pid, []))
+    return sorted(found)
+
+
+def reap_orphans() -> None:
+    """Collect exit statuses of adopted orphans (only zombies: never a child someone still waits for)."""
+    table = _parents()
+    for pid, (ppid, state) in table.items():
+        if ppid == os.getpid() and state == "Z":
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def stop_tree(root: int | None = None, *, spare: tuple[int, ...] = ()) -> list[int]:
+    """SIGKILL every live descendant of ``root`` (and ``root`` itself unless it is us), by pid; reap. Returns them."""
+    me = os.getpid()
+    victims = descendants(root) + ([root] if root not in (None, me) else [])
+    victims = [p for p in victims if p not in spare]
+    for pid in victims:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(p in descendants() for p in victims):
+        time.sleep(0.01)
+    reap_orphans()
+    return victims
+
+
+def run_capped(cmd: list[str], timeout: float, **kwargs) -> tuple[subprocess.CompletedProcess | None, list[int]]:
+    """Run ``cmd``; past ``timeout`` stop it and everything it started. (result or None, pids stopped)."""
+    p = subprocess.Popen(cmd, **kwargs)
+    try:
+        out, err = p.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(cmd, p.returncode, out, err), []
+    except subprocess.TimeoutExpired:
+        stopped = stop_tree(p.pid)
+        p.communicate()
+        return None, stopped
+
+
+# -- a real Jupyter kernel -------------------------------------------------------------------------
+
+
+def start_kernel():
+    """A real ipykernel (tests/kernel.py's ``Kernel``), as a notebook would run the code."""
+    sys.path.insert(0, os.path.join(REPO, "tests"))
+    from kernel import Kernel
+
+    return Kernel()
+
+
+def run_cell(k, code: str, timeout: float) -> list[tuple[str, dict]]:
+    """Execute ``code`` in kernel ``k``; every iopub message of the cell as (type, content), in order.
+
+    Raises RuntimeError with the traceback if the cell failed.
+    """
+    import queue
+
+    msg_id = k.kc.execute(code, allow_stdin=False)
+    msgs = []
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            m = k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            raise TimeoutError(f"cell did not finish in {timeout}s") from None
+        if m["parent_header"].get("msg_id") != msg_id:
+            continue
+        kind, content = m["msg_type"], m["content"]
+        if kind == "error":
+            raise RuntimeError("cell failed:\n" + "\n".join(content["traceback"]))
+        if kind == "status" and content["execution_state"] == "idle":
+            return msgs
+        msgs.append((kind, content))
+
+
+def cell_stdout(msgs: list[tuple[str, dict]]) -> str:
+    return "".join(c["text"] for kind, c in msgs if kind == "stream" and c["name"] == "stdout")
+
+
+# -- memory ---------------------------------------------------------------------------------------
+
+
+def pss_bytes(pid: int) -> int:
+    """Proportional set size of ``pid`` (shared pages split between their users)."""
+    with open(f"/proc/{pid}/smaps_rollup") as fh:
+        for line in fh:
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no Pss line for pid {pid}")
+
+
+def mem_available() -> int:
+    with open("/proc/meminfo") as fh:
+        for line in fh:
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+# -- results --------------------------------------------------------------------------------------
+
+
+def machine() -> str:
+    load = os.getloadavg()[0]
+    return (
+        f"{platform.machine()} with {os.cpu_count()} cores, {mem_available() / 2**30:.0f} GiB available, "
+        f"load average {load:.1f} when written, CPU/gloo"
+    )
+
+
+def heading(what: str, name: str, quick: bool, how: str) -> str:
+    """First line of a result file: what, when, where, how many runs, the exact command."""
+    cmd = f"python -m bench.{name}{' --quick' if quick else ''}"
+    return f"{what}, {datetime.date.today()}, {machine()}, {how} (`{cmd}`)."
+
+
+def write_result(name: str, quick: bool, text: str) -> str:
+    """Write bench/results/NAME.md (NAME-quick.md for --quick), print it, return the path."""
+    os.makedirs(RESULTS, exist_ok=True)
+    path = os.path.join(RESULTS, f"{name}-quick.md" if quick else f"{name}.md")
+    with open(path, "w") as fh:
+        fh.write(text)
+    print(text)
+    print(f"written to {path}", file=sys.stderr)
+    return path
+
+
+def note(msg: str) -> None:
+    """Progress of the benchmark itself, on stderr (the table goes to stdout)."""
+    print(msg, file=sys.stderr, flush=True)
