@@ -186,6 +186,12 @@ def _init_process_group(p: Payload) -> None:
     if p.pg_timeout_s:
         kwargs["timeout"] = datetime.timedelta(seconds=p.pg_timeout_s)
     dist.init_process_group(backend=p.backend, init_method="env://", rank=p.rank, world_size=p.world_size, **kwargs)
+    # gloo can return from init on one rank while a peer is still completing its connections;
+    # a rank whose code then ends at once would close them under the peer. Meet once first.
+    if p.backend == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])  # names the device: no NCCL guesswork
+    else:
+        dist.barrier()
 
 
 def _to_cpu_pickler():

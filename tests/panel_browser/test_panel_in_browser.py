@@ -9,6 +9,9 @@ import yaml
 from playwright.sync_api import expect
 
 PANEL = "#nblaunch-panel"
+# Assertions wait for the page as long as actions do: on a loaded 2-core machine the hardware
+# probe (a child interpreter importing torch) and the kernel start can take many seconds.
+expect.set_options(timeout=60_000)
 
 
 def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_server, browser_page, artifacts):
