@@ -59,7 +59,10 @@ def executed(tmp_path_factory):
     return _run_notebook(
         tmp,
         [
-            "%load_ext kernelside\nfrom kernelside import progress, log_metrics",
+            # accelerate's tqdm wrapper binds tqdm.auto's class at import, here in the kernel, before the fork
+            "%load_ext kernelside\n"
+            "from kernelside import progress, log_metrics\n"
+            "from accelerate.utils import tqdm as acc_tqdm",
             textwrap.dedent("""\
             %%distributed -n 2
             from tqdm.auto import tqdm
@@ -69,6 +72,8 @@ def executed(tmp_path_factory):
                     step += 1
                     log_metrics(step=step, loss=1.0 / step)
             for _ in tqdm(range(25), desc="via tqdm.auto"):
+                pass
+            for _ in acc_tqdm(range(12), desc="via accelerate"):
                 pass
             with progress(total=10, desc="manual", unit="img") as bar:
                 for _ in range(5):
@@ -101,7 +106,7 @@ def test_rank0_bars_end_exact_and_nested_leave_false_bars_are_removed(executed):
     shown_descs = sorted(
         state[m]["state"]["description"] for m in shown if state[m]["model_name"] == "FloatProgressModel"
     )
-    assert shown_descs == ["epoch", "manual", "via tqdm.auto"]
+    assert shown_descs == ["epoch", "manual", "via accelerate", "via tqdm.auto"]
     texts = [state[m]["state"]["value"] for m in shown if state[m]["model_name"] == "HTMLModel"]
     assert any("10/10" in t and "loss=0.5" in t for t in texts)
     assert any("2 done" in t for t in texts)  # the status line
@@ -125,8 +130,11 @@ def test_status_line_turns_into_the_error_summary_on_failure(executed):
 def test_tqdm_auto_in_a_worker_draws_one_rank0_bar_and_no_text(executed):
     bars = [b for b in _bars(_widgets(executed)) if b["description"] == "via tqdm.auto"]
     assert len(bars) == 1 and bars[0]["value"] == 25.0
+    # a library that imported tqdm.auto's class before the launch draws the same bar
+    acc = [b for b in _bars(_widgets(executed)) if b["description"] == "via accelerate"]
+    assert len(acc) == 1 and acc[0]["value"] == 12.0
     streams = "".join(o.get("text", "") for o in executed.cells[1].outputs if o.output_type == "stream")
-    assert "via tqdm.auto" not in streams and "\r" not in streams
+    assert "via tqdm.auto" not in streams and "via accelerate" not in streams and "\r" not in streams
 
 
 def test_metrics_history_is_complete_and_charted(executed):
