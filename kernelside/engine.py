@@ -423,8 +423,8 @@ class _EventLoop:
                     )
             return
         if not any(f.rank == w.rank for f in self.report.failures):
-            if self.stopping_since is not None and (w.status.signal == signal.SIGTERM or w.status.exitcode):
-                return  # ended by our SIGTERM (or by its own SIGTERM handler); a SIGKILL/SIGSEGV is its own
+            if self.stopping_since is not None and w.status.signal == signal.SIGTERM:
+                return  # ended by our SIGTERM; any other end (exit code, SIGKILL, SIGSEGV) is the rank's own
             self._fail(
                 Failure(rank=w.rank, kind="exit", message=w.status.describe(), t=time.monotonic(), status=w.status)
             )

@@ -380,6 +380,7 @@ def start_dataloader_children(pid_dir):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     with open(os.path.join(pid_dir, f"child{dist.get_rank()}"), "w") as fh:
         fh.write(str(child.pid))
+    dist.barrier()  # both ranks have a child before rank 1 fails
     if dist.get_rank() == 1:
         raise RuntimeError("rank 1 dies, leaving a child behind")
     time.sleep(600)
