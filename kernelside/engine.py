@@ -353,6 +353,8 @@ class _EventLoop:
             if polling:
                 wait = min(wait, 0.02)
             for key, _ in self.sel.select(wait):
+                if key.fd not in self.sel.get_map():
+                    continue  # drained and unregistered by an earlier key of this same batch
                 w, kind = key.data
                 if kind == "exit":
                     self._on_exit(w)
