@@ -192,7 +192,8 @@ def test_rank_crash_while_peer_blocks_in_allreduce_returns_within_5s_naming_the_
     assert 'raise ValueError("bad batch in rank 1")' in msg  # the remote traceback
     assert "rank 1 about to work" in msg  # the tail of its output
     assert "kernelside/worker.py" not in err.remote_traceback
-    assert "stopped by nblaunch: rank(s) 0" in msg
+    # rank 0 is either stopped by nblaunch or, if its all_reduce noticed the loss first, listed too
+    assert "stopped by nblaunch: rank(s) 0" in msg or "also failed: rank 0:" in msg
     assert err.report.outcome == "failed"
 
 
