@@ -175,6 +175,10 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             "launches run one at a time. Wait for it to finish, then launch again."
         )
     try:
+        if plan.engine == "ray":  # Ray Train on a Ray cluster
+            from .ray_engine import launch_ray
+
+            return launch_ray(req, plan, blob, lambda: _log_dir(plan), out, err)
         if plan.num_machines > 1:  # across machines: torch's elastic launcher, not an engine of ours
             from .multinode import launch_elastic
 

@@ -50,6 +50,7 @@ def notebook_launcher(
     timeout=None,
     config=None,
     kwargs=None,
+    engine=None,
 ):
     """Run ``function(*args)`` on ``num_processes`` workers with torch.distributed set up; return rank 0's value.
 
@@ -58,7 +59,10 @@ def notebook_launcher(
     ``start_method`` ("auto" | "fork" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
     ("rank0" | "all" | "none"), ``return_all`` (list of every rank's value), ``timeout``
     (seconds), ``config`` (path of an nblaunch.yaml), ``kwargs`` (keyword arguments for
-    ``function``). Anything not given comes from nblaunch.yaml, then defaults.
+    ``function``), ``engine`` ("local" | "ray": Ray Train on the cluster at ``ray_address``).
+    Anything not given comes from nblaunch.yaml, then defaults. With ``num_nodes > 1`` every
+    machine makes the same call (``node_rank`` 0, 1, ...) and torch's elastic launcher joins them
+    at ``rdzv_endpoint``; ``num_processes`` is then per machine, as in Accelerate.
 
     Example::
 
@@ -103,6 +107,7 @@ def notebook_launcher(
         "gpu_ids": gpu_ids,
         "output": output,
         "timeout": timeout,
+        "engine": engine,
     }
     req = LaunchRequest(
         fn=function,

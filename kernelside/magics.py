@@ -78,6 +78,7 @@ class DistributedMagics(Magics):
     @argument("--timeout", type=float, default=None, help="Stop every rank after this many seconds.")
     @argument("--config", default=None, metavar="PATH", help="nblaunch.yaml to use instead of the one found.")
     @argument("--port", type=int, default=None, help="Rendezvous port (a free one is used if it is taken).")
+    @argument("--engine", default=None, help="local | ray (Ray Train on the cluster at ray_address).")
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell on N workers with torch.distributed set up; rank 0's output streams here.
@@ -115,6 +116,7 @@ class DistributedMagics(Magics):
             "progress": args.progress,
             "timeout": args.timeout,
             "main_process_port": args.port,
+            "engine": args.engine,
         }
         remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)

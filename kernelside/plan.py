@@ -36,6 +36,8 @@ class LaunchPlan:
     timeout: float | None
     log_dir: str | None
     base_env: dict  # variables every rank gets (rank-specific ones are added by env_for)
+    engine: str = "local"  # "local" | "ray"
+    ray: dict | None = None  # engine "ray": address, use_gpu, resources_per_worker
     # Across machines (torch's elastic launcher): num_processes above is this machine's share.
     num_machines: int = 1
     machine_rank: int = 0
@@ -162,6 +164,8 @@ def _visible_physical(count: int) -> list[str]:
 def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_site: str | None = None) -> LaunchPlan:
     """Every decision of a launch, before any process starts. Raises LaunchConfigError."""
     v = cfg.values
+    if v["engine"] == "ray":
+        return ray_plan(v)
     machines = v["num_machines"]
     if machines > 1:
         check_machines(v)
@@ -242,3 +246,54 @@ def check_machines(v: dict) -> None:
             message=f"num_processes={n} counts the processes of all num_machines={machines} machines and must "
             f"divide evenly among them: use a multiple of {machines}. Nothing was started.",
         )
+
+
+def ray_plan(v: dict) -> LaunchPlan:
+    """engine: ray: Ray places the workers (and their GPUs); the code travels to them by cloudpickle."""
+    from .ray_engine import require_ray
+
+    require_ray()
+    if v["num_machines"] > 1:
+        raise LaunchConfigError(
+            "num_machines",
+            v["num_machines"],
+            None,
+            message=f"num_machines={v['num_machines']} with engine='ray': Ray places the workers on the cluster's "
+            "machines by itself. Leave num_machines at 1, or use engine='local' for torch's elastic launcher. "
+            "Nothing was started.",
+        )
+    use_gpu = bool(v["use_gpu"])
+    backend = v["backend"] if v["backend"] != "auto" else ("nccl" if use_gpu else "gloo")
+    if backend == "nccl" and not use_gpu:
+        raise LaunchConfigError(
+            "backend",
+            "nccl",
+            None,
+            message="backend='nccl' with engine='ray' needs use_gpu: true, so that Ray gives each worker a GPU. "
+            "Nothing was started.",
+        )
+    per_worker = dict(v["resources_per_worker"])
+    env = {str(k): str(x) for k, x in v["env"].items()}
+    env.update(accelerate_env(v, not use_gpu))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("OMP_NUM_THREADS", str(max(1, int(per_worker.get("CPU", 1)))))
+    if v["ray_address"] == "local" and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
+        env["GLOO_SOCKET_IFNAME"] = "lo"  # a Ray of this kernel's own: everything stays on 127.0.0.1
+    env["NBLAUNCH_BACKEND"] = backend
+    return LaunchPlan(
+        num_processes=v["num_processes"] or 2,
+        backend=backend,
+        start_method="spawn",
+        start_reason="engine='ray': the code is sent to Ray's workers with cloudpickle",
+        gpu_ids=(),
+        use_cpu=not use_gpu,
+        master_addr="",
+        requested_port=None,
+        output=v["output"],
+        progress=v["progress"],
+        timeout=v["timeout"],
+        log_dir=v["log_dir"],
+        base_env=env,
+        engine="ray",
+        ray={"address": v["ray_address"], "use_gpu": use_gpu, "resources_per_worker": per_worker},
+    )

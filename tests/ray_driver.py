@@ -1,0 +1,96 @@
+"""A real kernel that runs %%distributed cells and notebook_launcher() on Ray (engine: ray).
+
+Run by test_ray_engine.py inside a loopback-only network namespace. The kernel starts a Ray
+head on 127.0.0.1 (2 CPUs, no dashboard) at its first launch and stops it with ray.shutdown()
+at the end; the driver prints one JSON object with what each cell showed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import psutil
+from kernel import Kernel
+
+SETUP = """
+%load_ext kernelside
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from kernelside import notebook_launcher, progress, log_metrics
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 1)
+    def forward(self, x):
+        return self.lin(x)
+
+torch.manual_seed(0)
+data = torch.randn(64, 4), torch.randn(64, 1)
+"""
+
+DDP_CELL = """%%distributed -n 2 --engine ray --return model,losses
+torch.manual_seed(0)
+model = DDP(Net())
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = data[0][rank::world_size], data[1][rank::world_size]
+losses = []
+for step in progress(range(8), desc="train"):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    losses.append(loss.item())
+    log_metrics(step=step, loss=loss.item())
+print(f"rank {rank} of {world_size} on {device}", flush=True)
+world_size
+"""
+
+CHECK = "print(type(model).__name__, len(losses), kernelside_report().outcome)"
+
+FAIL_CELL = """%%distributed -n 2 --engine ray
+print("before the error", rank, flush=True)
+if rank == 1:
+    raise ValueError("broken shard on rank 1")
+dist.barrier()
+"""
+
+FUNCTION = """
+def total(scale):
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return t.item() * scale
+notebook_launcher(total, args=(10,), num_processes=2, engine="ray")
+"""
+
+
+def shown(cell) -> dict:
+    widgets = [c for k, c in cell.outputs if k == "display_data"]
+    return {
+        "stdout": cell.stdout,
+        "stderr": cell.stderr,
+        "result": (cell.result or {}).get("text/plain"),
+        "error": [cell.error["ename"], cell.error["evalue"]] if cell.error else None,
+        "widgets": len(widgets),
+    }
+
+
+def main() -> None:
+    k = Kernel()
+    try:
+        k.run(SETUP).ok()
+        k.run("from kernelside import last_report as kernelside_report").ok()
+        out = {"ddp": shown(k.run(DDP_CELL, timeout=240))}
+        out["check"] = shown(k.run(CHECK))
+        out["metrics"] = shown(k.run("print(len(kernelside_report().metrics), kernelside_report().event_counts)"))
+        out["fail"] = shown(k.run(FAIL_CELL, timeout=240))
+        out["function"] = shown(k.run(FUNCTION, timeout=240))
+        k.run("import ray; ray.shutdown()").ok()
+        out["left"] = [p.cmdline()[:2] for p in psutil.Process(k.pid).children(recursive=True)]
+    finally:
+        k.shutdown()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
