@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import psutil
 from kernel import Kernel
@@ -55,6 +56,13 @@ if rank == 1:
 dist.barrier()
 """
 
+FOREVER_CELL = """%%distributed -n 2 --engine ray
+import time
+print("running", rank, flush=True)
+while True:
+    time.sleep(0.05)
+"""
+
 FUNCTION = """
 def total(scale):
     t = torch.tensor([float(dist.get_rank() + 1)])
@@ -84,7 +92,18 @@ def main() -> None:
         out["check"] = shown(k.run(CHECK))
         out["metrics"] = shown(k.run("print(len(kernelside_report().metrics), kernelside_report().event_counts)"))
         out["fail"] = shown(k.run(FAIL_CELL, timeout=240))
-        out["function"] = shown(k.run(FUNCTION, timeout=240))
+        t0 = time.monotonic()
+        interrupted_at = []
+
+        def interrupt_once_running(kind, content):
+            if "running 0" in content.get("text", "") and not interrupted_at:
+                interrupted_at.append(time.monotonic())
+                k.interrupt()
+
+        out["interrupt"] = shown(k.run(FOREVER_CELL, timeout=240, on_output=interrupt_once_running))
+        out["interrupt"]["stop_s"] = time.monotonic() - interrupted_at[0] if interrupted_at else None
+        out["interrupt"]["total_s"] = time.monotonic() - t0
+        out["function"] = shown(k.run(FUNCTION, timeout=240))  # the cluster is free again after the interrupt
         k.run("import ray; ray.shutdown()").ok()
         out["left"] = [p.cmdline()[:2] for p in psutil.Process(k.pid).children(recursive=True)]
     finally:

@@ -43,6 +43,14 @@ def test_error_in_rank_1_on_ray_names_the_rank_with_its_cell_traceback(shown):
     assert "before the error 0" in shown["fail"]["stdout"]
 
 
+def test_interrupt_stops_the_ray_job_and_raises_keyboard_interrupt(shown):
+    stopped = shown["interrupt"]
+    assert stopped["error"][0] == "KeyboardInterrupt"
+    assert "running 0" in stopped["stdout"]
+    assert stopped["stop_s"] < 20  # Ray Train aborts the run; the cell returns
+    # the next launch (below) gets both CPUs again: the job's workers and placement group are gone
+
+
 def test_notebook_launcher_on_ray_returns_rank0s_value_and_the_ray_head_is_stopped(shown):
     assert shown["function"]["error"] is None and shown["function"]["result"] == "30.0"  # (1 + 2) * 10
     assert shown["left"] == []  # ray.shutdown() stopped the head and its workers
