@@ -207,8 +207,8 @@ def launch_elastic(req, plan: LaunchPlan, log_dir: str, out, err):
         report.ended_at = time.time()
     report.outcome = "ok"
     ordered = [cloudpickle.loads(values[r]) for r in sorted(values)]
-    first = ordered[0] if plan.machine_rank == 0 else None
-    return LaunchOutcome(first, ordered if req.return_all else None, report)
+    # rank 0's value on machine 0; elsewhere that machine's first rank's (its cell's result and --return names)
+    return LaunchOutcome(ordered[0], ordered if req.return_all else None, report)
 
 
 def _failures(e, error_dir: str) -> list[Failure]:

@@ -6,13 +6,17 @@ Run by test_multinode.py inside a loopback-only network namespace; prints one JS
 from __future__ import annotations
 
 import json
+import os
 import sys
+import tempfile
 import threading
 
 import psutil
 from kernel import Kernel
 
 SETUP = """
+%load_ext kernelside
+import torch.distributed as dist
 from kernelside import notebook_launcher, WorkerError
 def train(fail_rank):
     import torch, torch.distributed as dist
@@ -31,12 +35,38 @@ CALL = (
 )
 
 
-def both(kernels, port: int, fail: int, run_id: str) -> list[dict]:
+CELL = """%%distributed --config {config}
+import torch
+t = torch.tensor([float(rank)])
+dist.all_reduce(t)
+print(f"cell rank {{rank}} of {{world_size}} sum {{t.item()}}", flush=True)
+world_size
+"""
+
+CONFIG = """num_machines: 2
+machine_rank: {node}
+num_processes: 4
+main_process_ip: 127.0.0.1
+main_process_port: {port}
+rdzv_backend: c10d
+"""
+
+
+def both(kernels, port: int, fail: int, run_id: str, cell: bool = False) -> list[dict]:
     cells: list = [None, None]
 
     def one(node):
         code = CALL.format(fail=fail, node=node, port=port, run_id=run_id)
-        cells[node] = kernels[node].run(code, timeout=120)
+        if cell:  # the panel's multi-machine fields, read from each machine's nblaunch.yaml
+            path = os.path.join(tempfile.gettempdir(), f"nblaunch-test-node{node}-{os.getpid()}.yaml")
+            with open(path, "w") as fh:
+                fh.write(CONFIG.format(node=node, port=port))
+            code = CELL.format(config=path)
+        try:
+            cells[node] = kernels[node].run(code, timeout=120)
+        finally:
+            if cell:
+                os.unlink(path)
 
     threads = [threading.Thread(target=one, args=(n,)) for n in (0, 1)]
     for t in threads:
@@ -61,11 +91,12 @@ def main() -> None:
             k.run(SETUP).ok()
         ok = both(kernels, port, -1, "ok")
         failed = both(kernels, port, 3, "fail")
+        cell = both(kernels, port, -1, "cell", cell=True)
         left = [[p.cmdline() for p in psutil.Process(k.pid).children(recursive=True)] for k in kernels]
     finally:
         for k in kernels:
             k.shutdown()
-    print(json.dumps({"ok": ok, "failed": failed, "left": left}))
+    print(json.dumps({"ok": ok, "failed": failed, "cell": cell, "left": left}))
 
 
 if __name__ == "__main__":

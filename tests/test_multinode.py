@@ -18,7 +18,7 @@ def test_two_kernels_as_two_machines_train_together_and_name_the_failing_rank():
     node0, node1 = out["ok"]
     assert node0["error"] is None and node1["error"] is None, out["ok"]
     assert node0["result"] == "(6.0, 4)"  # 0+1+2+3 over 4 ranks on 2 "machines"
-    assert node1["result"] is None
+    assert node1["result"] == "(6.0, 4)"  # that machine's first rank (2) computed the same sum
     assert "[rank 0] hello from rank 0 of 4" in node0["stdout"] and "rank 1" not in node0["stdout"]
     assert "[rank 2] hello from rank 2 of 4" in node1["stdout"]
 
@@ -27,4 +27,8 @@ def test_two_kernels_as_two_machines_train_together_and_name_the_failing_rank():
     assert fail1["error"][1].startswith("nblaunch: rank 3 failed: ValueError: bad shard on rank 3")
     assert fail0["error"][0] == "WorkerError"
     assert "a rank on another machine may have failed first" in fail0["error"][1]
+    cell0, cell1 = out["cell"]  # %%distributed with num_machines: 2 in each machine's config
+    assert cell0["error"] is None and cell1["error"] is None, out["cell"]
+    assert cell0["stdout"] == "[rank 0] cell rank 0 of 4 sum 6.0\n" and cell0["result"] == "4"
+    assert cell1["stdout"] == "[rank 2] cell rank 2 of 4 sum 6.0\n" and cell1["result"] == "4"
     assert out["left"] == [[], []]
