@@ -140,6 +140,57 @@ def run_capped(cmd: list[str], timeout: float, **kwargs) -> tuple[subprocess.Com
         return None, stopped
 
 
+# -- other load on the machine --------------------------------------------------------------------
+
+
+def _busy_seconds() -> float:
+    """CPU seconds all processes have used since boot (steal included: the hypervisor's load is load too)."""
+    with open("/proc/stat") as fh:
+        f = [int(x) for x in fh.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = f[:8]
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_seconds() -> float:
+    """CPU seconds of this process and every descendant it has reaped (workers of finished launches)."""
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+class ForeignLoad:
+    """How many cores other people's processes used while a block ran (our process tree excluded).
+
+    Children still running at the end are not counted as ours, so use it around whole launches.
+
+        >>> with ForeignLoad() as load:
+        ...     launch()
+        >>> load.cores
+    """
+
+    def __enter__(self):
+        self.t0, self.busy0, self.own0 = time.monotonic(), _busy_seconds(), _own_seconds()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = wall = time.monotonic() - self.t0
+        foreign = (_busy_seconds() - self.busy0) - (_own_seconds() - self.own0)
+        self.cores = max(0.0, foreign) / wall if wall > 0 else 0.0
+        return False
+
+
+def wait_until_quiet(threshold: float = 0.25, max_wait: float = 60.0, sample: float = 1.0) -> float:
+    """Wait (up to ``max_wait`` s) for a ``sample``-second window in which others use under ``threshold`` cores.
+
+    Returns the foreign load of the last window.
+    """
+    deadline = time.monotonic() + max_wait
+    while True:
+        with ForeignLoad() as load:
+            time.sleep(sample)
+        if load.cores < threshold or time.monotonic() >= deadline:
+            return load.cores
+
+
 # -- a real Jupyter kernel -------------------------------------------------------------------------
 
 
@@ -211,10 +262,20 @@ def machine() -> str:
     )
 
 
+def version() -> str:
+    """The commit of the code measured, and whether kernelside/ had local changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "kernelside"], cwd=REPO, capture_output=True, text=True)
+    except OSError:
+        return "nblaunch (commit unknown)"
+    return f"nblaunch at {head.stdout.strip()}{' with local changes to kernelside/' if dirty.stdout.strip() else ''}"
+
+
 def heading(what: str, name: str, quick: bool, how: str) -> str:
-    """First line of a result file: what, when, where, how many runs, the exact command."""
+    """First line of a result file: what, when, where, which code, how many runs, the exact command."""
     cmd = f"python -m bench.{name}{' --quick' if quick else ''}"
-    return f"{what}, {datetime.date.today()}, {machine()}, {how} (`{cmd}`)."
+    return f"{what}, {datetime.date.today()}, {machine()}, {version()}, {how} (`{cmd}`)."
 
 
 def write_result(name: str, quick: bool, text: str) -> str:

@@ -1,7 +1,7 @@
 """Steady-state DDP training throughput under each launcher, side by side in one run.
 
-    python -m bench.steady            # N = 2 and 4 (400 / 200 timed steps), median of 3 runs per cell
-    python -m bench.steady --quick    # N = 2, 200 timed steps, 1 run
+    python -m bench.steady            # N = 2 and 4 (300 / 150 timed steps), median of 4 runs per cell
+    python -m bench.steady --quick    # N = 2, 200 timed steps, 1 run, no waiting for a quiet machine
 
 The same function runs everywhere: DDP over a small MLP (64 -> 256 -> 256 -> 1) on a fixed
 synthetic batch of 64 per rank, gloo on CPU, 30 warm-up steps, then a barrier, the timed steps,
@@ -14,6 +14,15 @@ stderr). Every launcher's output goes to a file, so no terminal is in the loop.
 Besides steps/s (wall clock, which other load on the machine disturbs), rank 0's CPU time per timed
 step (all its threads, gloo's included) is reported: it shows a launcher's own per-step cost, if any,
 with less noise.
+
+Other people's work on a shared machine moves wall-clock figures by far more than the 2 % at stake:
+before each launch the script waits (up to 30 s) for a second in which other processes use under
+0.25 cores, measures what they used during the launch (/proc/stat minus this process tree), and runs
+a disturbed launch again (twice at most; every attempt is a sample, labelled); 2 minutes of such
+waiting and reruns at most per run of the script. Even undisturbed, a run on this 2-vCPU virtual
+machine varies by about +-8 % from the next, more than the 2 % at stake: the ratio to torchrun comes
+with a 90 % bootstrap interval (resampling each launcher's runs), and the verdict says whether the
+runs can tell.
 
 Threads are made equal: OMP_NUM_THREADS is set to the same value for every launcher and every worker
 calls ``torch.set_num_threads()`` with it (torchrun would choose 1, nblaunch cpu_count // N); the
@@ -28,6 +37,8 @@ import argparse
 import contextlib
 import json
 import os
+import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +47,7 @@ import time
 
 from bench.harness import (
     REPO,
+    ForeignLoad,
     adopt_orphans,
     descendants,
     free_port,
@@ -44,11 +56,28 @@ from bench.harness import (
     note,
     stop_tree,
     torchrun_cmd,
+    wait_until_quiet,
     write_result,
 )
 
 WARMUP = 30
 THREADS = 1
+# Other work on the machine (other people's tests) moves steps/s by far more than 2 %: each launch
+# waits for a quiet second first, and one that others disturbed anyway is run again.
+QUIET_CORES = 0.25
+QUIET_WAIT_S = 30
+RETRIES = 2
+PATIENCE_S = 120  # at most this much extra time per run of the script, after which launches just run
+
+
+def ratio_interval(ours: list[float], ref: list[float], reps: int = 4000) -> tuple[float, float]:
+    """90 % bootstrap interval of median(ours) / median(ref), resampling each side's runs."""
+    rng = random.Random(0)
+    rs = sorted(
+        statistics.median(rng.choices(ours, k=len(ours))) / statistics.median(rng.choices(ref, k=len(ref)))
+        for _ in range(reps)
+    )
+    return rs[int(0.05 * reps)], rs[int(0.95 * reps) - 1]
 
 
 def train(steps: int, chatty: bool, threads: int, result_path: str) -> None:
@@ -159,11 +188,17 @@ def run_torchrun(script, n, args, log):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N=2, 200 steps, 1 run")
-    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--runs", type=int, default=4)
     ns = ap.parse_args()
     adopt_orphans()
     sizes, runs = ((2,), 1) if ns.quick else ((2, 4), ns.runs)
-    steps_for = {2: 200} if ns.quick else {2: 400, 4: 200}  # 1-2 s timed per run on 2 cores
+    retries = 0 if ns.quick else RETRIES  # a smoke run does not wait for a quiet machine
+    spent = [0.0]  # seconds spent waiting for quiet and on reruns, bounded by PATIENCE_S
+
+    def patience_left() -> float:
+        return PATIENCE_S - spent[0]
+
+    steps_for = {2: 200} if ns.quick else {2: 300, 4: 150}  # about 1 s timed per run on 2 cores
     os.environ["OMP_NUM_THREADS"] = str(THREADS)  # the same for every launcher (torchrun keeps a set value)
     tmp = tempfile.mkdtemp(prefix="nblaunch-bench-steady-")
     script = os.path.join(tmp, "train.py")
@@ -184,17 +219,32 @@ def main() -> int:
         for n in sizes:
             for variant, chatty in variants.items():
                 for name, fn in launchers.items():
-                    result = os.path.join(tmp, f"r{r}-{n}-{variant}-{name.replace(' ', '_')}.json")
-                    log = os.path.join(tmp, f"{name.replace(' ', '_')}.log")
-                    fn(n, (steps_for[n], chatty, THREADS, result), log)
-                    with open(result) as fh:
-                        cells.setdefault((n, variant, name), []).append(json.load(fh))
-                    left = descendants()
-                    if left:
-                        leaks.append((name, left))
-                        stop_tree()
-                    got = cells[(n, variant, name)][-1]
-                    note(f"run {r + 1}/{runs} N={n} {variant} {name}: {got['steps_per_s']:.1f} steps/s")
+                    tries = []
+                    for attempt in range(1 + (retries if patience_left() > 0 else 0)):
+                        result = os.path.join(tmp, f"r{r}-{n}-{variant}-{name.replace(' ', '_')}-{attempt}.json")
+                        log = os.path.join(tmp, f"{name.replace(' ', '_')}.log")
+                        if retries and patience_left() > 0:
+                            t_wait = time.monotonic()
+                            wait_until_quiet(QUIET_CORES, max_wait=min(QUIET_WAIT_S, patience_left()))
+                            spent[0] += time.monotonic() - t_wait
+                        with ForeignLoad() as load:
+                            fn(n, (steps_for[n], chatty, THREADS, result), log)
+                        with open(result) as fh:
+                            tries.append({**json.load(fh), "foreign": load.cores})
+                        left = descendants()
+                        if left:
+                            leaks.append((name, left))
+                            stop_tree()
+                        if load.cores < QUIET_CORES or patience_left() <= 0 or attempt == retries:
+                            break
+                        spent[0] += load.seconds  # this launch is run again
+                    cells.setdefault((n, variant, name), []).extend(tries)  # every attempt is a sample
+                    note(
+                        f"run {r + 1}/{runs} N={n} {variant} {name}: "
+                        + ", ".join(
+                            f"{t['steps_per_s']:.1f} steps/s (others used {t['foreign']:.2f} cores)" for t in tries
+                        )
+                    )
 
     lines = [
         heading(
@@ -208,37 +258,61 @@ def main() -> int:
         "",
         f"Threads made equal: OMP_NUM_THREADS={THREADS} for every launcher and `torch.set_num_threads({THREADS})` in "
         "every worker (column *threads*: what rank 0 ran with). Quiet: no output. Chatty: rank 0 prints one line "
-        "per step and updates a `progress()` bar.",
+        "per step and updates a `progress()` bar. *Undisturbed*: launches during which other processes used under "
+        f"{QUIET_CORES} cores (each launch first waited for a quiet second, and a disturbed one was run again, up to "
+        f"{retries} times; every attempt is a sample). Medians.",
         "",
-        "| N | variant | launcher | steps/s (median) | vs torchrun | best run | best vs torchrun's best | "
-        "spread (min-max) | rank 0 CPU ms/step | threads |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| N | variant | launcher | steps/s, undisturbed runs | vs torchrun | 90 % interval | steps/s, all runs | "
+        "vs torchrun | runs (undisturbed) | rank 0 CPU ms/step | threads |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+
+    def calm(samples):
+        return [c for c in samples if c["foreign"] < QUIET_CORES]
+
     verdicts = []
     for n in sizes:
         for variant in variants:
-            ref = median(c["steps_per_s"] for c in cells[(n, variant, "torchrun")])
-            ref_best = max(c["steps_per_s"] for c in cells[(n, variant, "torchrun")])
+            ref_all = median(c["steps_per_s"] for c in cells[(n, variant, "torchrun")])
+            ref_calm = median(c["steps_per_s"] for c in calm(cells[(n, variant, "torchrun")]))
             for name in launchers:
-                got = [c["steps_per_s"] for c in cells[(n, variant, name)]]
-                sps, best = median(got), max(got)
-                threads = {c["threads"] for c in cells[(n, variant, name)]}
-                cpu = median(c["cpu_ms_per_step"] for c in cells[(n, variant, name)])
+                samples = cells[(n, variant, name)]
+                quiet = calm(samples)
+                sps_all = median(c["steps_per_s"] for c in samples)
+                sps_calm = median(c["steps_per_s"] for c in quiet)
+                cpu = median(c["cpu_ms_per_step"] for c in (quiet or samples))
+                threads = ",".join(map(str, sorted({c["threads"] for c in samples})))
+                ref_quiet = [c["steps_per_s"] for c in calm(cells[(n, variant, "torchrun")])]
+                ratio_calm, lo, hi = float("nan"), float("nan"), float("nan")
+                if quiet and ref_quiet:
+                    ratio_calm = sps_calm / ref_calm
+                    lo, hi = ratio_interval([c["steps_per_s"] for c in quiet], ref_quiet)
+                calm_cells = f"{sps_calm:.1f} | {ratio_calm:.2f}x | {lo:.2f}-{hi:.2f}" if quiet else "- | - | -"
                 lines.append(
-                    f"| {n} | {variant} | {name} | {sps:.1f} | {sps / ref:.2f}x | {best:.1f} | "
-                    f"{best / ref_best:.2f}x | {min(got):.0f}-{max(got):.0f} | {cpu:.2f} | "
-                    f"{','.join(map(str, sorted(threads)))} |"
+                    f"| {n} | {variant} | {name} | {calm_cells} | {sps_all:.1f} | {sps_all / ref_all:.2f}x | "
+                    f"{len(samples)} ({len(quiet)}) | {cpu:.2f} | {threads} |"
                 )
                 if name.startswith("nblaunch"):
-                    verdicts.append((sps / ref, best / ref_best, f"{name} N={n} {variant}"))
-    worst = min(verdicts)
-    met = "met" if worst[0] >= 0.98 else "NOT met"
+                    verdicts.append((ratio_calm, sps_all / ref_all, f"{name} N={n} {variant}", lo, hi))
+    resolved = [v for v in verdicts if v[0] == v[0]]
+    if len(resolved) < len(verdicts):
+        missing = ", ".join(v[2] for v in verdicts if v[0] != v[0])
+        met = f"not resolved: no undisturbed run to compare for {missing}"
+    elif all(v[3] >= 0.98 for v in resolved):
+        met = "met (every interval lies above 0.98x)"
+    elif all(v[0] >= 0.98 for v in resolved):
+        met = "met on the medians, but some intervals reach below 0.98x: the runs cannot rule out a small loss"
+    elif all(v[4] >= 0.98 for v in resolved):
+        met = "NOT shown: some medians are below 0.98x, but every interval reaches 0.98x (within run-to-run noise)"
+    else:
+        met = "NOT met: some intervals lie entirely below 0.98x"
     lines += [
         "",
-        f"Target: nblaunch >= 0.98x torchrun — {met} on medians (lowest: {worst[0]:.2f}x, {worst[2]}; "
-        f"all nblaunch cells: {', '.join(f'{v:.2f}x' for v, _, _ in verdicts)}; best runs: "
-        f"{', '.join(f'{b:.2f}x' for _, b, _ in verdicts)}).",
+        f"Target: nblaunch >= 0.98x torchrun — {met}. Undisturbed runs: "
+        f"{'; '.join(f'{c} {v:.2f}x ({lo:.2f}-{hi:.2f})' for v, _, c, lo, hi in resolved) or 'none'}. All runs: "
+        f"{', '.join(f'{c} {a:.2f}x' for _, a, c, _, _ in verdicts)}.",
     ]
+    lines.append(f"\nWaiting for a quiet machine and rerunning disturbed launches took {spent[0]:.0f} s of this run.")
     if leaks:
         lines.append(f"\nProcesses left behind (then stopped): {leaks}.")
     write_result("steady", ns.quick, "\n".join(lines) + "\n")

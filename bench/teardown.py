@@ -1,12 +1,15 @@
 """Teardown: from one rank's failure to the launching call returning, under every launcher.
 
-    python -m bench.teardown            # 3 failure kinds x 5 launchers, median of 3 runs each
+    python -m bench.teardown            # 4 failure kinds x 5 launchers, median of 3 runs each
     python -m bench.teardown --quick    # SIGKILL only, 1 run per launcher
 
 Two workers do three all_reduces, then rank 1 fails while rank 0 enters the next all_reduce:
 - *exception*: rank 1 raises RuntimeError (rank 0 sits in the all_reduce waiting for it);
 - *SIGKILL*: rank 1 kills itself (what the out-of-memory killer does);
-- *segfault*: rank 1 reads address 0 through ``ctypes.string_at(0)``.
+- *segfault*: rank 1 reads address 0 through ``ctypes.string_at(0)``;
+- *exception + live thread*: as *exception*, but rank 1 has started a non-daemon thread (a logger,
+  a metrics uploader): its interpreter cannot exit, so its sockets stay open and rank 0 is not
+  told that its peer is gone (full run only).
 Rank 1 writes the time just before failing; the "notebook" writes the time the launching call
 returned (or raised). Launchers: nblaunch (fork, spawn), torch.multiprocessing.start_processes (fork,
 process group set up by hand), torchrun (a subprocess of the notebook), Accelerate's notebook_launcher.
@@ -45,7 +48,7 @@ from bench.harness import (
 
 CAP_S = 60.0
 START_S = 120.0  # to reach the failure at all (spawned interpreters on a busy 2-core machine)
-KINDS = ("exception", "SIGKILL", "segfault")
+KINDS = ("exception", "SIGKILL", "segfault", "exception + live thread")
 LAUNCHERS = (
     "nblaunch fork",
     "nblaunch spawn",
@@ -65,6 +68,7 @@ def fail(kind: str, run_dir: str) -> None:
     """In a worker: steady collectives, then rank 1 fails while rank 0 waits in all_reduce."""
     import ctypes
     import signal
+    import threading
 
     import torch
     import torch.distributed as dist
@@ -79,6 +83,11 @@ def fail(kind: str, run_dir: str) -> None:
         _stamp(os.path.join(run_dir, "failed"), repr(time.time()))
         if kind == "exception":
             raise RuntimeError("injected failure on rank 1")
+        if kind == "exception + live thread":
+            # a background thread that is not a daemon (a logger, a metrics uploader...) keeps the
+            # interpreter from exiting after the exception, so rank 1's sockets stay open
+            threading.Thread(target=time.sleep, args=(3600,), name="uploader").start()
+            raise RuntimeError("injected failure on rank 1 (a non-daemon thread is running)")
         if kind == "SIGKILL":
             os.kill(os.getpid(), signal.SIGKILL)
         if kind == "segfault":
@@ -129,7 +138,8 @@ def _launch(launcher: str, kind: str, run_dir: str, script: str) -> str:
             notebook_launcher(fail, args=(kind, run_dir), num_processes=2, use_port=str(free_port()))
     except BaseException as e:  # noqa: B036 - we want to see whatever the launcher raises
         rank = getattr(e, "rank", None)
-        first = (str(e).strip().splitlines() or [""])[0][:160]
+        text = [ln for ln in str(e).splitlines() if any(c.isalnum() for c in ln)]
+        first = (text or [""])[0].strip()[:160]
         return f"{type(e).__name__}{f' (rank {rank})' if rank is not None else ''}: {first}"
     return "returned normally"
 
