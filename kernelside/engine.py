@@ -459,17 +459,7 @@ class _EventLoop:
                 for other in self.group.workers:
                     if other is not w and other.status is None and self.group.poll(other) is not None:
                         self._on_exit(other)
-            self._fail(
-                Failure(
-                    rank=w.rank,
-                    kind="error",
-                    message=f"{payload['type']}: {payload['message']}",
-                    t=payload["t"],
-                    traceback=payload["traceback"],
-                    phase=payload["phase"],
-                    exc_type=payload["type"],
-                )
-            )
+            self._fail(Failure.from_error(w.rank, payload))
         self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
         if self.display is not None and kind in ("progress", "metrics"):
             self.display.on_event(w.rank, kind, payload)

@@ -221,17 +221,7 @@ def _failures(e, error_dir: str) -> list[Failure]:
         if os.path.exists(path):
             with open(path, "rb") as fh:
                 p = pickle.load(fh)
-            out.append(
-                Failure(
-                    rank=rank,
-                    kind="error",
-                    message=f"{p['type']}: {p['message']}",
-                    t=p["t"],
-                    traceback=p["traceback"],
-                    phase=p["phase"],
-                    exc_type=p["type"],
-                )
-            )
+            out.append(Failure.from_error(rank, p))
         else:
             how = f"killed by {pf.signal_name()}" if pf.exitcode < 0 else f"exit code {pf.exitcode}"
             out.append(Failure(rank=rank, kind="exit", message=how, t=time.monotonic()))

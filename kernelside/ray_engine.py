@@ -312,17 +312,7 @@ def launch_ray(req, plan: LaunchPlan, blob: bytes, make_log_dir, out, err):
         elif kind == "metrics":
             report.metrics.extend(payload)
         elif kind == "error":
-            report.failures.append(
-                Failure(
-                    rank=rank,
-                    kind="error",
-                    message=f"{payload['type']}: {payload['message']}",
-                    t=payload["t"],
-                    traceback=payload["traceback"],
-                    phase=payload["phase"],
-                    exc_type=payload["type"],
-                )
-            )
+            report.failures.append(Failure.from_error(rank, payload))
             report.outcome = "failed"
             stop()
         if display is not None and kind in ("progress", "metrics"):

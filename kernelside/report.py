@@ -33,6 +33,19 @@ class Failure:
     exc_type: str | None = None
     status: ExitStatus | None = None
 
+    @classmethod
+    def from_error(cls, rank: int, payload: dict) -> Failure:
+        """A failure from a worker's ``error`` event (see ``worker._error_payload``)."""
+        return cls(
+            rank=rank,
+            kind="error",
+            message=f"{payload['type']}: {payload['message']}",
+            t=payload["t"],
+            traceback=payload["traceback"],
+            phase=payload["phase"],
+            exc_type=payload["type"],
+        )
+
     @property
     def caused_by_peer(self) -> bool:
         return self.kind == "error" and bool(_PEER_LOSS.search(f"{self.exc_type} {self.message}"))
