@@ -98,7 +98,7 @@ def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_nam
         compile(tree, filename, "exec")
     except SyntaxError as e:
         raise _cell_error(f"syntax error in the %%distributed cell, line {e.lineno}: {e.msg}.") from None
-    last = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not _ends_with_semicolon(body)
+    last = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(body)
     return CellProgram(source=source, filename=filename, last_expression=last, return_names=tuple(return_names))
 
 
@@ -118,7 +118,8 @@ def _at_top_level(tree: ast.Module, target: ast.AST) -> bool:
     return bool(visit(tree, False))
 
 
-def _ends_with_semicolon(body: str) -> bool:
+def ends_with_semicolon(body: str) -> bool:
+    """IPython's rule: a trailing ';' on the last code line hides the cell's result."""
     for line in reversed(body.splitlines()):
         code = line.split("#", 1)[0].strip()
         if code:
