@@ -49,13 +49,6 @@ world_size
 
 CHECK = "print(type(model).__name__, len(losses), kernelside_report().outcome)"
 
-FAIL_CELL = """%%distributed -n 2 --engine ray
-print("before the error", rank, flush=True)
-if rank == 1:
-    raise ValueError("broken shard on rank 1")
-dist.barrier()
-"""
-
 FOREVER_CELL = """%%distributed -n 2 --engine ray
 import time
 print("running", rank, flush=True)
@@ -63,12 +56,14 @@ while True:
     time.sleep(0.05)
 """
 
-FUNCTION = """
-def total(scale):
-    t = torch.tensor([float(dist.get_rank() + 1)])
-    dist.all_reduce(t)
-    return t.item() * scale
-notebook_launcher(total, args=(10,), num_processes=2, engine="ray")
+FAIL_FUNCTION = """
+def shard(scale):
+    print("before the error", dist.get_rank(), flush=True)
+    if dist.get_rank() == 1:
+        raise ValueError("broken shard on rank 1")
+    dist.barrier()
+    return scale
+notebook_launcher(shard, args=(10,), num_processes=2, engine="ray")
 """
 
 
@@ -88,11 +83,6 @@ def main() -> None:
     try:
         k.run(SETUP).ok()
         k.run("from kernelside import last_report as kernelside_report").ok()
-        out = {"ddp": shown(k.run(DDP_CELL, timeout=240))}
-        out["check"] = shown(k.run(CHECK))
-        out["metrics"] = shown(k.run("print(len(kernelside_report().metrics), kernelside_report().event_counts)"))
-        out["fail"] = shown(k.run(FAIL_CELL, timeout=240))
-        t0 = time.monotonic()
         interrupted_at = []
 
         def interrupt_once_running(kind, content):
@@ -100,10 +90,12 @@ def main() -> None:
                 interrupted_at.append(time.monotonic())
                 k.interrupt()
 
-        out["interrupt"] = shown(k.run(FOREVER_CELL, timeout=240, on_output=interrupt_once_running))
+        out = {"interrupt": shown(k.run(FOREVER_CELL, timeout=240, on_output=interrupt_once_running))}
         out["interrupt"]["stop_s"] = time.monotonic() - interrupted_at[0] if interrupted_at else None
-        out["interrupt"]["total_s"] = time.monotonic() - t0
-        out["function"] = shown(k.run(FUNCTION, timeout=240))  # the cluster is free again after the interrupt
+        out["ddp"] = shown(k.run(DDP_CELL, timeout=240))  # the cluster is free again after the interrupt
+        out["check"] = shown(k.run(CHECK))
+        out["metrics"] = shown(k.run("print(len(kernelside_report().metrics), kernelside_report().event_counts)"))
+        out["fail"] = shown(k.run(FAIL_FUNCTION, timeout=240))
         k.run("import ray; ray.shutdown()").ok()
         out["left"] = [p.cmdline()[:2] for p in psutil.Process(k.pid).children(recursive=True)]
     finally:
