@@ -14,8 +14,10 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
+import fcntl
 import os
 import selectors
 import shutil
@@ -113,16 +115,40 @@ def _listen_socket(requested: int | None, out) -> socket.socket:
 
 
 KEEP_RUN_LOGS = 50  # per log folder, the newest runs' logs are kept; older run folders are removed
+_IN_USE = ".in-use"  # each run holds an flock on this file while it runs: pruning never takes a live folder
 
 
-def _log_dir(plan: LaunchPlan) -> str:
+@contextlib.contextmanager
+def _run_log_dir(plan: LaunchPlan):
+    """A fresh ``run-<time>-…`` folder for this launch's logs, locked for as long as the launch runs."""
     base = plan.log_dir or os.path.join(tempfile.gettempdir(), f"nblaunch-{os.getuid()}")
     os.makedirs(base, exist_ok=True)
     runs = sorted(e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name.startswith("run-"))
     for old in runs[: max(0, len(runs) - KEEP_RUN_LOGS + 1)]:  # names sort by their timestamp
-        shutil.rmtree(old, ignore_errors=True)
+        if not _in_use(old):
+            shutil.rmtree(old, ignore_errors=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    return tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=base)
+    path = tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=base)
+    fd = os.open(os.path.join(path, _IN_USE), os.O_CREAT | os.O_RDWR, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield path
+    finally:
+        os.close(fd)
+
+
+def _in_use(run_dir: str) -> bool:
+    try:
+        fd = os.open(os.path.join(run_dir, _IN_USE), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
 
 
 def _check_picklable(req: LaunchRequest) -> bytes:
@@ -175,26 +201,26 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             "launches run one at a time. Wait for it to finish, then launch again."
         )
     try:
-        if plan.engine == "ray":  # Ray Train on a Ray cluster
-            from .ray_engine import launch_ray
+        with _run_log_dir(plan) as log_dir:
+            if plan.engine == "ray":  # Ray Train on a Ray cluster
+                from .ray_engine import launch_ray
 
-            return launch_ray(req, plan, blob, lambda: _log_dir(plan), out, err)
-        if plan.num_machines > 1:  # across machines: torch's elastic launcher, not an engine of ours
-            from .multinode import launch_elastic
+                return launch_ray(req, plan, blob, log_dir, out, err)
+            if plan.num_machines > 1:  # across machines: torch's elastic launcher, not an engine of ours
+                from .multinode import launch_elastic
 
-            return launch_elastic(req, plan, _log_dir(plan), out, err)
-        return _run(req, plan, blob, out, err)
+                return launch_elastic(req, plan, log_dir, out, err)
+            return _run(req, plan, blob, log_dir, out, err)
     finally:
         _launch_lock.release()
 
 
-def _run(req: LaunchRequest, plan: LaunchPlan, blob, out, err) -> LaunchOutcome:
+def _run(req: LaunchRequest, plan: LaunchPlan, blob, log_dir: str, out, err) -> LaunchOutcome:
     t_call = time.monotonic()
     if plan.start_method == "fork":
         _warm_imports()
     sock = _listen_socket(plan.requested_port, out)
     port = sock.getsockname()[1]
-    log_dir = _log_dir(plan)
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,

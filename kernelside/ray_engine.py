@@ -238,7 +238,7 @@ def _check_resources(n: int, per_worker: dict, use_gpu: bool, address: str) -> N
         )
 
 
-def launch_ray(req, plan: LaunchPlan, blob: bytes, make_log_dir, out, err):
+def launch_ray(req, plan: LaunchPlan, blob: bytes, log_dir: str, out, err):
     """Run the request on Ray; returns the engine's LaunchOutcome or raises WorkerError."""
     require_ray()
     import cloudpickle
@@ -253,7 +253,6 @@ def launch_ray(req, plan: LaunchPlan, blob: bytes, make_log_dir, out, err):
     connect(ray_cfg["address"], max(os.cpu_count() or 1, n))
     per_worker = dict(ray_cfg["resources_per_worker"])
     _check_resources(n, per_worker, ray_cfg["use_gpu"], ray_cfg["address"])
-    log_dir = make_log_dir()  # after connecting, which can take a while: the folder is fresh
 
     report = LaunchReport(
         world_size=n, backend=plan.backend, start_method="ray", port=0, log_dir=log_dir, started_at=time.time()

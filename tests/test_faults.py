@@ -3,6 +3,7 @@ leaves nothing behind (the no_leaks fixture), and the next launch works."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import threading
@@ -196,10 +197,17 @@ def test_old_run_logs_are_pruned_to_the_newest_fifty(tmp_path):
     for i in range(60):
         (logs / f"run-20200101-0000{i:02d}-x").mkdir()
     (logs / "notes").mkdir()  # not a run folder: left alone
+    live = logs / "run-20200101-000003-x"  # the oldest but one, still running in another kernel
+    lock = os.open(live / ".in-use", os.O_CREAT | os.O_RDWR)
+    fcntl.flock(lock, fcntl.LOCK_EX)
     cfg = tmp_path / "nblaunch.yaml"
     cfg.write_text(f"log_dir: {logs}\n")
-    notebook_launcher(rank_and_world, num_processes=2, config=str(cfg))
+    try:
+        notebook_launcher(rank_and_world, num_processes=2, config=str(cfg))
+    finally:
+        os.close(lock)
     runs = sorted(p.name for p in logs.iterdir() if p.name.startswith("run-"))
-    assert len(runs) == 50
-    assert runs[0] == "run-20200101-000011-x"  # the eleven oldest went
+    assert live.name in runs
+    assert len(runs) == 51
+    assert runs[1] == "run-20200101-000011-x"  # the eleven oldest that were not in use went
     assert os.path.dirname(last_report().log_dir) == str(logs) and (logs / "notes").is_dir()

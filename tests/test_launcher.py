@@ -394,8 +394,12 @@ def test_failure_leaves_no_grandchild_process_behind(tmp_path):
         notebook_launcher(start_dataloader_children, args=(str(tmp_path),), num_processes=2)
     pids = [int(p.read_text()) for p in tmp_path.iterdir()]
     assert len(pids) == 2
+    procs = []
     for pid in pids:  # orphans are re-parented away from us, so look them up by pid
         try:
-            assert psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+            procs.append(psutil.Process(pid))
         except psutil.NoSuchProcess:
             pass
+    # SIGKILL was sent to their process group before the call returned; wait for it to land
+    _, alive = psutil.wait_procs(procs, timeout=5)
+    assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
