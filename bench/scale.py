@@ -1,6 +1,6 @@
 """Launch latency as the number of workers grows: N = 1, 2, 4, 8, 16, nblaunch fork.
 
-    python -m bench.scale            # N = 1..16, median of 5 launches after a warm-up launch
+    python -m bench.scale            # N = 1..16, median of 9 launches after a warm-up launch
     python -m bench.scale --quick    # N = 1, 2, 4, median of 2
 
 For each N: start-up (from the call until every rank runs user code with the process group up,
@@ -70,7 +70,7 @@ def once(fn, n: int) -> tuple[float, float]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="N = 1, 2, 4; 2 launches each")
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=9)
     ns = ap.parse_args()
     adopt_orphans()
     sizes, runs = ((1, 2, 4), 2) if ns.quick else ((1, 2, 4, 8, 16), ns.runs)
