@@ -107,6 +107,8 @@ for _key, _value in {env!r}.items():
 if _use_cpu:
     os.environ.setdefault("ACCELERATE_USE_CPU", "true")
 dist.init_process_group(_backend)
+# gloo can return from init on one rank while a peer is still connecting: meet once first
+dist.barrier(device_ids=[device.index]) if _backend == "nccl" else dist.barrier()
 _init_process_group = dist.init_process_group
 
 
