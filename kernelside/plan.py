@@ -184,7 +184,8 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     env = {str(k): str(x) for k, x in v["env"].items()}
     env.update(accelerate_env(v, use_cpu))
     env.setdefault("PYTHONUNBUFFERED", "1")  # the worker's own subprocesses stream live too
-    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // n)))
+    if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # a user's own value stays
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))  # the cores shared out, as torchrun would
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(_visible_physical(gpus)[i] for i in gpu_ids)
     elif v["use_cpu"] and gpus:

@@ -6,6 +6,7 @@ path is checked here on a machine without GPUs by stating the GPU count.
 
 from __future__ import annotations
 
+import os
 import types
 
 import pytest
@@ -149,3 +150,11 @@ def test_cuda_guard_is_installed_on_torch_by_importing_kernelside():
     import kernelside  # noqa: F401
 
     assert getattr(torch.cuda._lazy_init, "_nblaunch_wrapped", False)
+
+
+def test_threads_per_worker_share_the_cores_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert plan(num_processes=2).env_for(0, 1)["OMP_NUM_THREADS"] == str(max(1, (os.cpu_count() or 1) // 2))
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert "OMP_NUM_THREADS" not in plan(num_processes=2).env_for(0, 1)  # the kernel's own value is inherited
+    assert plan(num_processes=2, env={"OMP_NUM_THREADS": "5"}).env_for(0, 1)["OMP_NUM_THREADS"] == "5"
