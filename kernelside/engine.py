@@ -210,12 +210,15 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
                 from .multinode import launch_elastic
 
                 return launch_elastic(req, plan, log_dir, out, err)
-            return _run(req, plan, blob, log_dir, out, err)
+            # handed over in a box that _run empties: the kernel holds no extra copy of the
+            # pickled arguments once the workers have them
+            box, blob = [blob], None
+            return _run(req, plan, box, log_dir, out, err)
     finally:
         _launch_lock.release()
 
 
-def _run(req: LaunchRequest, plan: LaunchPlan, blob, log_dir: str, out, err) -> LaunchOutcome:
+def _run(req: LaunchRequest, plan: LaunchPlan, blob_box: list, log_dir: str, out, err) -> LaunchOutcome:
     t_call = time.monotonic()
     if plan.start_method == "fork":
         _warm_imports()
@@ -252,7 +255,7 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob, log_dir: str, out, err) -> 
     display = make_run_display(report, plan.output, plan.progress) if render == "widgets" else None
     group = store = loop = None
     try:
-        group = WorkerGroup.start(payloads, plan.start_method, spawn_blob=blob, keep_fds=(sock.fileno(),))
+        group = WorkerGroup.start(payloads, plan.start_method, spawn_blob=blob_box.pop(), keep_fds=(sock.fileno(),))
         report.ranks = [RankReport(rank=w.rank, pid=w.pid, log_path=router.log_paths[w.rank]) for w in group.workers]
         store = _start_store(sock, port, plan.num_processes)
         sock = None

@@ -119,7 +119,7 @@ class RunDisplay:
         self.t0 = time.monotonic()
         self.last_draw = 0.0
         self.last_chart = 0.0
-        self.closed_bars = 0
+        self.spare: list = []  # widgets of finished leave=False bars, ready for the next bar
 
     def show(self) -> None:
         from IPython.display import display
@@ -141,7 +141,7 @@ class RunDisplay:
             if payload["closed"]:
                 self._update_bar(entry)  # the final state is always drawn, never throttled away
                 if not payload["leave"]:
-                    del self.bars[key]
+                    self.spare.append(self.bars.pop(key)["widget"])
                     self._relayout()
         elif kind == "metrics":
             self.chart_dirty = True
@@ -163,6 +163,10 @@ class RunDisplay:
 
     def finish(self, error: BaseException | None) -> None:
         self.tick(force=True)
+        for box in self.spare:  # hidden and never shown again: free their models in the kernel and page
+            for widget in (*box.children, box):
+                widget.close()
+        self.spare.clear()
         for entry in self.bars.values():
             st = entry["state"]
             if error is not None and not st["closed"]:
@@ -181,6 +185,13 @@ class RunDisplay:
         label = st["desc"] or ""
         if self.scope == "all":
             label = f"[rank {rank}] {label}"
+        if self.spare:  # a finished leave=False bar's widgets: an inner loop reuses one pair, not N
+            box = self.spare.pop()
+            bar, text = box.children
+            bar.description, bar.max, bar.value, bar.bar_style = label, float(st["total"] or 1), 0.0, ""
+            bar.layout.margin = f"0 0 0 {2 * st['depth']}em"
+            text.value = ""
+            return box
         bar = w.FloatProgress(
             value=0.0,
             min=0.0,
