@@ -9,6 +9,11 @@ it; with ``output="all"`` it waits for its newline so ``[rank N]`` prefixes stay
 Every byte also goes, unmodified, to ``<log_dir>/rank<N>.log``, and the last lines of
 each rank are kept for error messages.
 
+What the cell shows is budgeted: a burst of ``SHOW_BURST_BYTES``, then ``SHOW_RATE_BYTES``
+per second. Lines over the budget are held back (counted, the last ones kept); when output
+is under the budget again a note says how many lines were left out and which log has them,
+and at the end of the run the count and the last held-back lines are shown.
+
 Example::
 
     >>> r = RankOutputRouter(2, "rank0", log_dir, sys.stdout, sys.stderr)   # doctest: +SKIP
@@ -22,6 +27,12 @@ import os
 import time
 
 TAIL_LINES = 40
+# What the cell shows is budgeted (token bucket) below Jupyter server's default IOPub limit of
+# 1 MB/s over 3 s, so a flood of prints never stalls the notebook or makes the server drop output.
+SHOW_RATE_BYTES = 256 * 1024
+SHOW_BURST_BYTES = 1024 * 1024
+HELD_TAIL_LINES = 20  # of the lines held back, the last ones are shown when the run ends
+MAX_MESSAGE_BYTES = 64 * 1024  # flush the cell's stream this often: no single output message is larger
 PARTIAL_FLUSH_S = 0.25
 MAX_PENDING = 1 << 16
 
@@ -54,6 +65,10 @@ class RankOutputRouter:
         self.tails = {r: collections.deque(maxlen=TAIL_LINES) for r in range(world_size)}
         self.logs = {}
         self.log_paths = {}
+        self.budget, self.budget_t = float(SHOW_BURST_BYTES), time.monotonic()
+        self.held_back, self.held_rank = 0, 0
+        self.held_tail: collections.deque = collections.deque(maxlen=HELD_TAIL_LINES)
+        self.unflushed = 0
         for r in range(world_size):
             path = os.path.join(log_dir, f"rank{r}.log")
             self.logs[r] = open(path, "ab", buffering=0)
@@ -96,6 +111,11 @@ class RankOutputRouter:
             if buf.data:
                 data, buf.data = buf.data, b""
                 self._emit(rank, stream, data if data.endswith((b"\n", b"\r")) else data + b"\n")
+        if self.held_back:  # the head was shown; now the count and the tail
+            tail = "".join(self.held_tail)
+            self._write("stdout", self._held_back_note().replace("]\n", f"; the last {len(self.held_tail)}:]\n"))
+            self._write("stdout", tail if tail.endswith("\n") else tail + "\n")
+            self.held_back = 0
         for fh in self.logs.values():
             fh.close()
         for sink in self.sinks.values():
@@ -118,4 +138,48 @@ class RankOutputRouter:
         prefix = self.prefixes[rank]
         if prefix:
             text = "".join(prefix + ln for ln in text.splitlines(keepends=True))
-        self.sinks[stream].write(text)
+        self._show(rank, stream, text)
+
+    def _show(self, rank: int, stream: str, text: str) -> None:
+        """Write to the cell within the output budget; what is over it is counted, and its tail kept."""
+        now = time.monotonic()
+        self.budget = min(SHOW_BURST_BYTES, self.budget + (now - self.budget_t) * SHOW_RATE_BYTES)
+        self.budget_t = now
+        shown = text
+        if len(text) > self.budget:  # show the whole lines that fit, hold back the rest
+            lines, used, fit = text.splitlines(keepends=True), 0, 0
+            while fit < len(lines) and used + len(lines[fit]) <= self.budget:
+                used += len(lines[fit])
+                fit += 1
+            shown, rest = "".join(lines[:fit]), lines[fit:]
+            self.held_back += len(rest)
+            self.held_tail.extend(rest)
+            self.held_rank = rank
+        if not shown:
+            return
+        if self.held_back and shown is text:  # output is back under the budget: say what was left out
+            self._write(stream, self._held_back_note())
+            self.held_back = 0
+            self.held_tail.clear()
+        self.budget -= len(shown)
+        self._write(stream, shown)
+
+    def _held_back_note(self) -> str:
+        return (
+            f"[nblaunch: {self.held_back} line(s) not shown here: output above {SHOW_RATE_BYTES // 1024} KiB/s "
+            f"is held back to keep the notebook responsive; every line is in {self.log_paths[self.held_rank]}]\n"
+        )
+
+    def _write(self, stream: str, text: str) -> None:
+        """Write, flushing at line boundaries so that no single output message exceeds MAX_MESSAGE_BYTES."""
+        sink = self.sinks[stream]
+        if self.unflushed + len(text) <= MAX_MESSAGE_BYTES:
+            sink.write(text)
+            self.unflushed += len(text)
+            return
+        for line in text.splitlines(keepends=True):
+            if self.unflushed and self.unflushed + len(line) > MAX_MESSAGE_BYTES:
+                sink.flush()
+                self.unflushed = 0
+            sink.write(line)
+            self.unflushed += len(line)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 import socket
 import sys
@@ -403,3 +404,49 @@ def test_failure_leaves_no_grandchild_process_behind(tmp_path):
     # SIGKILL was sent to their process group before the call returned; wait for it to land
     _, alive = psutil.wait_procs(procs, timeout=5)
     assert [p for p in alive if p.status() != psutil.STATUS_ZOMBIE] == []
+
+
+def flood(n):
+    import torch.distributed as dist
+
+    if dist.get_rank() == 0:
+        for i in range(n):
+            print(f"line {i:07d} " + "x" * 30)
+
+
+class RecordingStream(io.StringIO):
+    """Stands in for the cell's stream: records every write and every flush (one message each)."""
+
+    def __init__(self):
+        super().__init__()
+        self.messages, self.pending = [], 0
+
+    def write(self, text):
+        self.pending += len(text)
+        return super().write(text)
+
+    def flush(self):
+        self.messages.append(self.pending)
+        self.pending = 0
+
+
+def test_output_flood_shows_head_count_and_tail_within_budget_and_logs_every_line(monkeypatch):
+    from kernelside import output
+
+    cell = RecordingStream()
+    monkeypatch.setattr(sys, "stdout", cell)
+    t0 = time.monotonic()
+    notebook_launcher(flood, args=(200_000,), num_processes=2)
+    elapsed = time.monotonic() - t0
+    shown = cell.getvalue().splitlines()
+    log = open(last_report().ranks[0].log_path).read().splitlines()
+    assert log == [f"line {i:07d} " + "x" * 30 for i in range(200_000)]  # nothing lost, in order
+    lines = [ln for ln in shown if ln.startswith("line ")]
+    notes = [ln for ln in shown if ln.startswith("[nblaunch: ")]
+    assert lines[0] == log[0] and lines[-1] == log[-1]  # the head and the tail
+    assert lines == sorted(lines)  # in order, none twice
+    held = sum(int(n.split()[1]) for n in notes)
+    assert len(lines) - 20 + held == 200_000  # every line is either shown or counted (20 shown at the end)
+    assert notes[-1].endswith(f"{last_report().ranks[0].log_path}; the last 20:]")
+    assert len(cell.getvalue()) <= output.SHOW_BURST_BYTES + output.SHOW_RATE_BYTES * elapsed + 10_000
+    assert max(cell.messages + [cell.pending]) <= output.MAX_MESSAGE_BYTES + 1000
