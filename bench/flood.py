@@ -88,9 +88,21 @@ class Capture(io.TextIOBase):
 
 
 def check_lines(text: str, n: int) -> tuple[int, bool]:
-    """(flood lines received, all n present and in order)."""
-    got = [ln for ln in text.splitlines() if ln.startswith("line ")]
-    return len(got), got == [line(i) for i in range(n)]
+    """(flood lines shown, every line accounted for in order).
+
+    nblaunch budgets what a cell shows: lines over the budget are held back and counted in
+    "[nblaunch: N line(s) not shown here ...]" notes, and the last 20 are shown at the end. So the
+    check is: the shown lines are the first line, then increasing, ending with the last line, and
+    shown + held back - the 20 repeated at the end == n (or all n shown when nothing was held back).
+    """
+    lines = text.splitlines()
+    got = [ln for ln in lines if ln.startswith("line ")]
+    held = sum(int(ln.split()[1]) for ln in lines if ln.startswith("[nblaunch: ") and "not shown here" in ln)
+    if not held:
+        return len(got), got == [line(i) for i in range(n)]
+    idx = [int(ln.split()[1]) for ln in got]
+    ordered = idx[0] == 0 and idx[-1] == n - 1 and all(a < b for a, b in zip(idx, idx[1:], strict=False))
+    return len(got), ordered and len(got) - 20 + held == n
 
 
 def run_nblaunch(n: int) -> dict:
@@ -198,7 +210,7 @@ def main() -> int:
 
     ref = median(p["loop_s"] for p in plain)
     loop = median(o["loop_s"] for o in ours)
-    all_ok = all(o["in_order"] and o["received"] == n for o in ours)
+    all_ok = all(o["in_order"] for o in ours)
     lines = [
         heading(
             "Output flood",
@@ -209,7 +221,7 @@ def main() -> int:
         "",
         "In this process, `sys.stdout` replaced by a capturing object during the call:",
         "",
-        "| launcher | rank 0's loop (s) | loop vs /dev/null | whole call (s) | lines received | in order | "
+        "| launcher | rank 0's loop (s) | loop vs /dev/null | whole call (s) | lines shown | all accounted, in order | "
         "writes to sys.stdout | largest write (chars) |",
         "|---|---|---|---|---|---|---|---|",
         f"| nblaunch fork, 2 workers | {loop:.3f} | {loop / ref:.2f}x | {median(o['call_s'] for o in ours):.3f} | "
@@ -221,15 +233,15 @@ def main() -> int:
         "In a real Jupyter kernel, from the cell's iopub `stream` messages (*seen*: until the cell went idle, "
         "as the client saw it):",
         "",
-        "| where | loop (s) | cell (s) | seen (s) | lines received | in order | stream messages | "
-        "largest message (bytes) | stream bytes/s | vs jupyter_server's default limit |",
+        "| where | loop (s) | cell (s) | seen (s) | lines shown | all accounted, in order | stream messages | "
+        "largest message (bytes) | stream bytes/s over a 3 s window | vs jupyter_server's default limit |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in krows:
-        rate = r["bytes"] / r["seen_s"]
+        rate = r["bytes"] / max(r["seen_s"], 3.0)  # jupyter_server averages over a 3 s window
         lines.append(
             f"| {r['where']} | {r['loop_s']:.3f} | {r['cell_s']:.3f} | {r['seen_s']:.3f} | {r['received']:,} | "
-            f"{'yes' if r['in_order'] and r['received'] == n else 'NO'} | {r['messages']:,} | {r['largest']:,} | "
+            f"{'yes' if r['in_order'] else 'NO'} | {r['messages']:,} | {r['largest']:,} | "
             f"{rate:,.0f} | {rate / JUPYTER_SERVER_RATE_LIMIT:.1f}x |"
         )
     lines += [
