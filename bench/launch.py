@@ -23,7 +23,6 @@ import argparse
 import datetime
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,17 +30,11 @@ import tempfile
 import textwrap
 import time
 
+from bench.harness import free_port, torchrun_cmd
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
-
-
-def free_port() -> int:
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
 
 
 def _mark(outdir: str, rank: int) -> None:
@@ -103,17 +96,7 @@ def run_mp(n, outdir, method):
 
 def run_torchrun(n, outdir, script):
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes=1",
-            f"--nproc-per-node={n}",
-            "--master-addr=127.0.0.1",
-            f"--master-port={free_port()}",
-            script,
-            outdir,
-        ],
+        torchrun_cmd(n, script, outdir),
         check=True,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
