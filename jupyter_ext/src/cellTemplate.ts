@@ -1,4 +1,4 @@
-/** The cells that "Insert %%distributed cell" adds to a notebook. */
+/** The cells that "Insert %%distributed cell" and "Insert %distributed_export cell" add to a notebook. */
 
 export const LOAD_EXT_SOURCE = '%load_ext kernelside';
 
@@ -8,6 +8,17 @@ export const DISTRIBUTED_CELL_SOURCE = [
   '# rank and world_size are set and torch.distributed is initialized;',
   '# only rank 0 prints here unless output is "all".',
   'print(f"rank {rank}: world_size == {world_size}")'
+].join('\n');
+
+/**
+ * Exports the last %%distributed cell as a script and prints the torchrun / accelerate launch
+ * commands. The panel inserts it rather than running it: JupyterLab's side never talks to the
+ * kernel, the user runs the cell.
+ */
+export const EXPORT_CELL_SOURCE = [
+  '# Write the last %%distributed cell as a standalone script, with the commands to run it',
+  '# under torchrun or accelerate launch (settings from the "Distributed launch" panel).',
+  '%distributed_export train_distributed.py'
 ].join('\n');
 
 /** Whether a notebook with these cell sources still needs `%load_ext kernelside`. */
@@ -20,8 +31,9 @@ export function needsLoadExt(sources: string[]): boolean {
  *
  * Example: cellsToInsert([]) is ['%load_ext kernelside', DISTRIBUTED_CELL_SOURCE].
  */
-export function cellsToInsert(existingSources: string[]): string[] {
-  return needsLoadExt(existingSources)
-    ? [LOAD_EXT_SOURCE, DISTRIBUTED_CELL_SOURCE]
-    : [DISTRIBUTED_CELL_SOURCE];
+export function cellsToInsert(
+  existingSources: string[],
+  source: string = DISTRIBUTED_CELL_SOURCE
+): string[] {
+  return needsLoadExt(existingSources) ? [LOAD_EXT_SOURCE, source] : [source];
 }

@@ -4,12 +4,14 @@ import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyte
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker } from '@jupyterlab/notebook';
 
+import { EXPORT_CELL_SOURCE } from './cellTemplate';
 import { launchIcon } from './icon';
 import { insertDistributedCell } from './insertCell';
 import { LaunchPanel, PANEL_ID } from './panel';
 
 export const CommandIDs = {
   insertCell: 'nblaunch:insert-distributed-cell',
+  insertExport: 'nblaunch:insert-export-cell',
   openPanel: 'nblaunch:open-panel'
 };
 
@@ -26,7 +28,11 @@ const plugin: JupyterFrontEndPlugin<void> = {
     palette: ICommandPalette | null,
     restorer: ILayoutRestorer | null
   ) => {
-    const panel = new LaunchPanel(launchIcon, () => app.commands.execute(CommandIDs.insertCell));
+    const panel = new LaunchPanel(
+      launchIcon,
+      () => app.commands.execute(CommandIDs.insertCell),
+      () => app.commands.execute(CommandIDs.insertExport)
+    );
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, PANEL_ID);
 
@@ -36,6 +42,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
         'Insert a %%distributed cell (and %load_ext kernelside if needed) below the current cell',
       execute: () => {
         if (insertDistributedCell(tracker) && tracker.currentWidget) {
+          app.shell.activateById(tracker.currentWidget.id);
+        }
+      }
+    });
+    app.commands.addCommand(CommandIDs.insertExport, {
+      label: 'Insert %distributed_export cell',
+      caption:
+        'Insert a cell that exports the last %%distributed cell as a script for torchrun / accelerate launch',
+      execute: () => {
+        if (insertDistributedCell(tracker, EXPORT_CELL_SOURCE) && tracker.currentWidget) {
           app.shell.activateById(tracker.currentWidget.id);
         }
       }

@@ -22,7 +22,7 @@ export const PANEL_ID = 'nblaunch-panel';
 export class LaunchPanel extends Widget {
   readonly model = new ConfigModel();
 
-  constructor(icon: LabIcon, insertCell: () => void) {
+  constructor(icon: LabIcon, insertCell: () => void, insertExport: () => void) {
     super();
     this.id = PANEL_ID;
     this.addClass('nblaunch-panel');
@@ -31,6 +31,11 @@ export class LaunchPanel extends Widget {
     this._insertButton = button('Insert %%distributed cell', insertCell, {
       class: 'nblaunch-insert',
       title: 'Insert a %%distributed cell below the current cell of the active notebook'
+    });
+    this._exportButton = button('Insert %distributed_export cell', insertExport, {
+      class: 'nblaunch-insert-export',
+      title:
+        'Insert a cell that writes the last %%distributed cell as a script, with its torchrun and accelerate launch commands'
     });
     this.node.append(
       h('h2', { class: 'nblaunch-title' }, 'Distributed launch'),
@@ -42,7 +47,7 @@ export class LaunchPanel extends Widget {
         this._revertButton,
         this._dirtyNote
       ),
-      h('div', { class: 'nblaunch-actions' }, this._insertButton),
+      h('div', { class: 'nblaunch-actions' }, this._insertButton, this._exportButton),
       this._status,
       this._banner,
       this._body
@@ -243,6 +248,7 @@ export class LaunchPanel extends Widget {
     '● Unsaved changes'
   );
   private _insertButton: HTMLButtonElement;
+  private _exportButton: HTMLButtonElement;
   private _status = h('div', { class: 'nblaunch-status', role: 'status', 'aria-live': 'polite' });
   private _banner = h('div', { class: 'nblaunch-banner' });
   private _body = h('div', { class: 'nblaunch-body' });

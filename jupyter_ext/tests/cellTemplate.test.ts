@@ -1,6 +1,7 @@
 import {
   cellsToInsert,
   DISTRIBUTED_CELL_SOURCE,
+  EXPORT_CELL_SOURCE,
   LOAD_EXT_SOURCE,
   needsLoadExt
 } from '../src/cellTemplate';
@@ -23,5 +24,19 @@ describe('the inserted %%distributed cell', () => {
 
   it('does not mistake another extension for kernelside', () => {
     expect(needsLoadExt(['%load_ext kernelside_extras'])).toBe(true);
+  });
+});
+
+describe('the inserted %distributed_export cell', () => {
+  it('runs the export line magic on a script name', () => {
+    const lines = EXPORT_CELL_SOURCE.split('\n');
+    expect(lines[lines.length - 1]).toBe('%distributed_export train_distributed.py');
+  });
+
+  it('also brings %load_ext kernelside when the notebook lacks it', () => {
+    expect(cellsToInsert([], EXPORT_CELL_SOURCE)).toEqual([LOAD_EXT_SOURCE, EXPORT_CELL_SOURCE]);
+    expect(cellsToInsert(['%load_ext kernelside'], EXPORT_CELL_SOURCE)).toEqual([
+      EXPORT_CELL_SOURCE
+    ]);
   });
 });

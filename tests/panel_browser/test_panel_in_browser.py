@@ -47,5 +47,15 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
         expect(outputs.filter(has_text="world_size == 3")).to_have_count(1, timeout=150_000)
+
+        # the export button inserts a cell (the panel never runs code itself); running it writes the
+        # script and prints the torchrun command for the 3 processes the panel saved
+        page.locator(".jp-NotebookPanel .jp-Cell").nth(2).click()
+        panel.get_by_role("button", name="Insert %distributed_export cell").click()
+        expect(cells).to_have_count(4)
+        expect(cells.nth(3)).to_contain_text("%distributed_export train_distributed.py")
+        page.keyboard.press("Shift+Enter")
+        expect(outputs.filter(has_text="--nproc-per-node 3")).to_have_count(1, timeout=60_000)
+        assert (lab_server.root / "train_distributed.py").is_file()
     finally:
         page.screenshot(path=str(artifacts / "panel-e2e-last-page.png"))
