@@ -10,9 +10,9 @@ Every byte also goes, unmodified, to ``<log_dir>/rank<N>.log``, and the last lin
 each rank are kept for error messages.
 
 What the cell shows is budgeted: a burst of ``SHOW_BURST_BYTES``, then ``SHOW_RATE_BYTES``
-per second. Lines over the budget are held back (counted, the last ones kept); when output
-is under the budget again a note says how many lines were left out and which log has them,
-and at the end of the run the count and the last held-back lines are shown.
+per second. Lines over the budget are held back (counted, the last ones kept) until half the
+burst is available again; then one note says how many lines were left out and which log has
+them, and output goes on. At the end of the run the count and the last held-back lines are shown.
 
 Example::
 
@@ -31,6 +31,7 @@ TAIL_LINES = 40
 # 1 MB/s over 3 s, so a flood of prints never stalls the notebook or makes the server drop output.
 SHOW_RATE_BYTES = 256 * 1024
 SHOW_BURST_BYTES = 1024 * 1024
+SHOW_RESUME_BYTES = SHOW_BURST_BYTES // 2  # once over budget, the cell waits until this much is back
 HELD_TAIL_LINES = 20  # of the lines held back, the last ones are shown when the run ends
 MAX_MESSAGE_BYTES = 64 * 1024  # flush the cell's stream this often: no single output message is larger
 PARTIAL_FLUSH_S = 0.25
@@ -145,24 +146,31 @@ class RankOutputRouter:
         now = time.monotonic()
         self.budget = min(SHOW_BURST_BYTES, self.budget + (now - self.budget_t) * SHOW_RATE_BYTES)
         self.budget_t = now
+        if self.held_back:
+            if self.budget < SHOW_RESUME_BYTES:  # keep holding until a good share of the budget is back
+                self._hold(rank, text.splitlines(keepends=True))
+                return
+            note = self._held_back_note()
+            self.budget -= len(note)
+            self._write(stream, note)
+            self.held_back = 0
+            self.held_tail.clear()
         shown = text
         if len(text) > self.budget:  # show the whole lines that fit, hold back the rest
             lines, used, fit = text.splitlines(keepends=True), 0, 0
             while fit < len(lines) and used + len(lines[fit]) <= self.budget:
                 used += len(lines[fit])
                 fit += 1
-            shown, rest = "".join(lines[:fit]), lines[fit:]
-            self.held_back += len(rest)
-            self.held_tail.extend(rest)
-            self.held_rank = rank
-        if not shown:
-            return
-        if self.held_back and shown is text:  # output is back under the budget: say what was left out
-            self._write(stream, self._held_back_note())
-            self.held_back = 0
-            self.held_tail.clear()
-        self.budget -= len(shown)
-        self._write(stream, shown)
+            shown = "".join(lines[:fit])
+            self._hold(rank, lines[fit:])
+        if shown:
+            self.budget -= len(shown)
+            self._write(stream, shown)
+
+    def _hold(self, rank: int, lines: list[str]) -> None:
+        self.held_back += len(lines)
+        self.held_tail.extend(lines)
+        self.held_rank = rank
 
     def _held_back_note(self) -> str:
         return (
