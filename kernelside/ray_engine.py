@@ -342,7 +342,7 @@ def launch_ray(req, plan: LaunchPlan, blob: bytes, log_dir: str, out, err):
                     Failure(
                         rank=None,
                         kind="timeout",
-                        t=time.time(),
+                        t=time.monotonic(),  # comparable with the workers' error events
                         message=f"the run exceeded timeout={plan.timeout:g}s and the Ray job was stopped",
                     )
                 )
@@ -371,7 +371,7 @@ def launch_ray(req, plan: LaunchPlan, blob: bytes, log_dir: str, out, err):
             Failure(
                 rank=None,
                 kind="exit",
-                t=time.time(),
+                t=time.monotonic(),  # comparable with the workers' error events
                 message=f"Ray Train failed: {type(fit_error).__name__}: {fit_error}",
             )
         )
