@@ -233,6 +233,8 @@ def _write(
     out += [
         "if rank == 0 and _result is not None:",
         "    print(repr(_result))",
+        "# every rank is past its last collective before any tears its connections down",
+        "dist.barrier(device_ids=[device.index]) if _backend == 'nccl' else dist.barrier()",
         "dist.destroy_process_group()",
         "",
     ]
