@@ -207,24 +207,10 @@ def run_cell(k, code: str, timeout: float) -> list[tuple[str, dict]]:
 
     Raises RuntimeError with the traceback if the cell failed.
     """
-    import queue
-
-    msg_id = k.kc.execute(code, allow_stdin=False)
-    msgs = []
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            m = k.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            raise TimeoutError(f"cell did not finish in {timeout}s") from None
-        if m["parent_header"].get("msg_id") != msg_id:
-            continue
-        kind, content = m["msg_type"], m["content"]
-        if kind == "error":
-            raise RuntimeError("cell failed:\n" + "\n".join(content["traceback"]))
-        if kind == "status" and content["execution_state"] == "idle":
-            return msgs
-        msgs.append((kind, content))
+    cell = k.run(code, timeout=timeout)
+    if cell.error is not None:
+        raise RuntimeError("cell failed:\n" + "\n".join(cell.error["traceback"]))
+    return cell.messages
 
 
 def cell_stdout(msgs: list[tuple[str, dict]]) -> str:

@@ -198,7 +198,6 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
             env["NCCL_SOCKET_IFNAME"] = "lo"
         # The kernel hosts the TCPStore (as torchrun's agent does); every rank is a client.
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
-    env["NBLAUNCH_BACKEND"] = backend
 
     return LaunchPlan(
         num_processes=n,
@@ -280,7 +279,6 @@ def ray_plan(v: dict) -> LaunchPlan:
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(per_worker.get("CPU", 1)))))
     if v["ray_address"] == "local" and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a Ray of this kernel's own: everything stays on 127.0.0.1
-    env["NBLAUNCH_BACKEND"] = backend
     return LaunchPlan(
         num_processes=v["num_processes"] or 2,
         backend=backend,

@@ -43,6 +43,7 @@ class Kernel:
             kind, content = msg["msg_type"], msg["content"]
             if kind == "status" and content["execution_state"] == "idle":
                 break
+            cell.messages.append((kind, content))
             if kind in ("stream", "execute_result", "display_data", "error", "update_display_data"):
                 cell.outputs.append((kind, content))
                 if on_output is not None:
@@ -61,6 +62,7 @@ class Kernel:
 class Cell:
     def __init__(self):
         self.outputs: list[tuple[str, dict]] = []
+        self.messages: list[tuple[str, dict]] = []  # every iopub message of the cell (comms included)
         self.reply: dict = {}
 
     @property
