@@ -99,7 +99,3 @@ class EventReader:
             if self._filled == len(self._body):
                 body, self._body = self._body, None
                 yield ("result", body) if self._raw else pickle.loads(body)
-
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._head) + self._filled

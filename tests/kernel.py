@@ -16,11 +16,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Kernel:
     """One ipykernel started with this interpreter; ``run(code)`` returns what the cell showed."""
 
-    def __init__(self, cwd: str | None = None):
+    def __init__(self, cwd: str | None = None, pythonpath: str = REPO):
         self.km = KernelManager()
         self.km.kernel_spec_manager  # noqa: B018 - loads specs
         self.km.kernel_name = "python3"
-        self.km.start_kernel(cwd=cwd or REPO, extra_arguments=[], env={**os.environ, "PYTHONPATH": REPO})
+        # the kernel imports kernelside from ``pythonpath`` (its working directory is on sys.path too)
+        self.km.start_kernel(cwd=cwd or pythonpath, extra_arguments=[], env={**os.environ, "PYTHONPATH": pythonpath})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

@@ -7,13 +7,13 @@ import os
 import pytest
 
 from kernelside import notebook_launcher
-from kernelside.accelerate_config import import_accelerate
 from kernelside.config import (
     find_config_path,
     load_config_file,
     resolve_config,
     save_config_file,
 )
+from kernelside.config.accelerate import import_accelerate
 from kernelside.errors import LaunchConfigError
 
 

@@ -11,10 +11,10 @@ import types
 
 import pytest
 
-from kernelside import cuda_guard
 from kernelside.config import resolve_config
 from kernelside.errors import LaunchConfigError
-from kernelside.plan import make_plan
+from kernelside.launch import cuda_guard
+from kernelside.launch.plan import make_plan
 
 
 def plan(gpus=0, cuda_initialized=False, site=None, **arguments):
@@ -118,7 +118,8 @@ def test_several_machines_need_the_address_of_machine_0_a_valid_rank_and_an_even
 
 def test_several_machines_split_num_processes_and_leave_the_network_interface_alone():
     p = plan(num_machines=2, machine_rank=1, num_processes=4, main_process_ip="10.0.0.1", rdzv_backend="c10d")
-    assert (p.num_processes, p.num_machines, p.machine_rank) == (2, 2, 1)
+    assert (p.processes_per_machine, p.num_machines, p.machine_rank) == (2, 2, 1)
+    assert p.num_processes == 4  # every machine's ranks: num_processes means the same on every path
     assert (p.main_process_ip, p.rdzv_port, p.rdzv_backend) == ("10.0.0.1", 29500, "c10d")
     assert "GLOO_SOCKET_IFNAME" not in p.base_env and "TORCHELASTIC_USE_AGENT_STORE" not in p.base_env
 

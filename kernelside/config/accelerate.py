@@ -17,16 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from .config import FIELDS_BY_NAME, ConfigFile, check_value, defaults
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
+from .fields import FIELDS_BY_NAME, check_value, defaults
+from .files import ConfigFile, accelerate_default_config_path
 
-
-def default_config_path() -> Path:
-    """Where ``accelerate config`` writes its default file (same rules as Accelerate)."""
-    hf_home = os.environ.get("HF_HOME") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
-    )
-    return Path(hf_home) / "accelerate" / "default_config.yaml"
+default_config_path = accelerate_default_config_path  # Accelerate's own name for it
 
 
 def import_accelerate(path_or_text: str | os.PathLike, *, text: bool = False) -> ConfigFile:

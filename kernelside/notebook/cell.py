@@ -24,7 +24,9 @@ import types
 
 import cloudpickle
 
-from .errors import LaunchConfigError
+from ..errors import LaunchConfigError
+from ..worker.context import current as current_worker
+from ..worker.results import unwrap_for_return
 
 
 @dataclasses.dataclass
@@ -38,9 +40,7 @@ class CellProgram:
     def __call__(self):
         import torch
 
-        from . import worker
-
-        ctx = worker.CURRENT
+        ctx = current_worker()
         ns = self.namespace if self.namespace is not None else {}
         ns.setdefault("__builtins__", builtins)
         ns.update(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, device=torch.device(ctx.device))
@@ -52,11 +52,11 @@ class CellProgram:
             last = ast.Expression(tree.body.pop().value)
         exec(compile(tree, self.filename, "exec"), ns)
         value = eval(compile(last, self.filename, "eval"), ns) if last is not None else None
-        returned = {n: worker.unwrap_for_return(ns[n]) for n in self.return_names if n in ns}
+        returned = {n: unwrap_for_return(ns[n]) for n in self.return_names if n in ns}
         missing = [n for n in self.return_names if n not in ns]
         available = sorted(n for n, v in ns.items() if not n.startswith("_") and not isinstance(v, types.ModuleType))
         return {
-            "last": worker.unwrap_for_return(value),
+            "last": unwrap_for_return(value),
             "returned": returned,
             "missing": missing,
             "available": available if missing else [],

@@ -19,13 +19,15 @@ import sys
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from . import cuda_guard, hardware
+from ..config import resolve_config
+from ..config.fields import arguments as config_arguments
+from ..engines.table import engine_class
+from ..errors import LaunchConfigError
+from ..launch import hardware
+from ..launch.engine import last_report, launch, plan_for
+from ..launch.request import LaunchRequest
 from .cell import prepare_cell, ship_namespace
-from .config import resolve_config
-from .engine import LaunchRequest, last_report, launch
-from .errors import LaunchConfigError
 from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
-from .plan import make_plan
 
 
 def _names(spec: str | None) -> tuple[str, ...]:
@@ -106,18 +108,18 @@ class DistributedMagics(Magics):
             program.namespace = shell.user_ns if plan.start_method == "fork" else ship_namespace(program, shell.user_ns)
             return program
 
-        arguments = {
-            "num_processes": args.num_processes,
-            "backend": args.backend,
-            "start_method": args.start_method,
-            "mixed_precision": args.mixed_precision,
-            "gpu_ids": args.gpu_ids,
-            "output": args.output,
-            "progress": args.progress,
-            "timeout": args.timeout,
-            "main_process_port": args.port,
-            "engine": args.engine,
-        }
+        arguments = config_arguments(
+            num_processes=args.num_processes,
+            backend=args.backend,
+            start_method=args.start_method,
+            mixed_precision=args.mixed_precision,
+            gpu_ids=args.gpu_ids,
+            output=args.output,
+            progress=args.progress,
+            timeout=args.timeout,
+            port=args.port,
+            engine=args.engine,
+        )
         remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
         outcome = launch(req)
@@ -157,7 +159,7 @@ class DistributedMagics(Magics):
         """
         args = parse_argstring(self.distributed_export, line)
         ns = self.shell.user_ns
-        overrides = {"num_processes": args.num_processes, "main_process_port": args.port}
+        overrides = config_arguments(num_processes=args.num_processes, port=args.port)
         if args.function is None:
             record = last_cell()
             if record is None:
@@ -168,9 +170,8 @@ class DistributedMagics(Magics):
                     message="no %%distributed cell has run in this kernel yet: run one, or name a notebook function "
                     "(%distributed_export train.py train). Nothing was written.",
                 )
-            given = {k: v for k, v in overrides.items() if v is not None}
             config = args.config or record.config
-            record = CellRecord(record.body, record.label, {**record.arguments, **given}, config)
+            record = CellRecord(record.body, record.label, {**record.arguments, **overrides}, config)
             exported = export_cell(args.path, record, ns)
         else:
             if args.function not in ns:
@@ -200,12 +201,8 @@ class DistributedMagics(Magics):
         out += [f"  warning: {w}" for w in cfg.warnings]
         out.append(f"detected: {gpus} GPU(s), {_cpu_count()} CPU core(s), python {sys.executable}")
         try:
-            plan = make_plan(
-                cfg,
-                gpus=gpus,
-                cuda_initialized=cuda_guard.is_cuda_initialized(),
-                init_site=cuda_guard.first_init_site(),
-            )
+            plan = plan_for(cfg)
+            engine_class(plan.engine)  # a missing engine library is named here too
             out.append(
                 f"plan: {plan.num_processes} processes, backend {plan.backend}, devices "
                 f"{[plan.device_for(r) for r in range(plan.num_processes)]}"

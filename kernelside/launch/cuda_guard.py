@@ -19,7 +19,7 @@ import traceback
 
 _state: dict = {"site": None, "installed_on": None}
 
-_SKIP_PATHS = ("/torch/", "/kernelside/cuda_guard.py", "/contextlib.py", "/functools.py")
+_SKIP_PATHS = ("/torch/", "/kernelside/launch/cuda_guard.py", "/contextlib.py", "/functools.py")
 
 
 def _describe_caller() -> str:

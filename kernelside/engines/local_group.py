@@ -8,15 +8,14 @@ still signal it. ``close()`` is the only place that reaps.
 
 Example::
 
-    >>> g = WorkerGroup.start_forked(payloads, rank_fds)      # doctest: +SKIP
-    >>> ...                                                   # poll exit_status(rank)
+    >>> g = WorkerGroup.start(payloads, "fork")      # doctest: +SKIP
+    >>> g.poll(g.workers[0])                         # None while running, else its ExitStatus
     >>> g.close()
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import select
 import signal
@@ -24,38 +23,8 @@ import subprocess
 import sys
 import time
 
-from .worker import SPAWN_COMMAND, Payload, enter_forked, payload_env
-
-
-@dataclasses.dataclass
-class ExitStatus:
-    """How a worker ended: ``exitcode`` for a normal exit, ``signal`` for death by signal."""
-
-    exitcode: int | None
-    signal: int | None
-
-    @property
-    def ok(self) -> bool:
-        return self.exitcode == 0
-
-    def describe(self) -> str:
-        if self.signal is not None:
-            name = signal_name(self.signal)
-            hint = {
-                signal.SIGKILL: " — out of memory?",
-                signal.SIGSEGV: " (segmentation fault)",
-                signal.SIGBUS: " (bus error)",
-                signal.SIGABRT: " (aborted)",
-            }.get(self.signal, "")
-            return f"killed by {name}{hint}"
-        return f"exit code {self.exitcode}"
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+from ..launch.report import ExitStatus
+from ..worker.entry import SPAWN_COMMAND, Payload, enter_forked, spawn_env
 
 
 @dataclasses.dataclass
@@ -71,7 +40,7 @@ class RankPipes:
 
     @classmethod
     def create(cls) -> RankPipes:
-        from .channel import widen_pipe
+        from ..channel import widen_pipe
 
         o_r, o_w = os.pipe()
         e_r, e_w = os.pipe()
@@ -142,7 +111,7 @@ class WorkerGroup:
                 else:
                     popen = _spawn(payload, rp, memfd)
                     pid = popen.pid
-                group.workers.append(Worker(payload.rank, pid, rp, _pidfd(pid), popen))
+                group.workers.append(Worker(payload.spec.rank, pid, rp, _pidfd(pid), popen))
                 _close_quietly(*rp.write_ends())
         except BaseException:
             for rp in pipes[len(group.workers) :]:
@@ -262,11 +231,9 @@ def _fork(payload: Payload, rp: RankPipes) -> int:
 
 def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:
     env = dict(os.environ)
-    env.update(payload.env)
-    env.update(payload_env(payload))
-    env["NBLAUNCH_PAYLOAD_FD"] = str(memfd)
-    env["NBLAUNCH_SYS_PATH"] = json.dumps([p for p in sys.path if p])
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env.update(payload.spec.env)
+    env.update(spawn_env(payload, memfd))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), here) if p)
     return subprocess.Popen(
         [sys.executable, "-c", SPAWN_COMMAND],

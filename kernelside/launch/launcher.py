@@ -5,8 +5,10 @@ from __future__ import annotations
 import inspect
 import sys
 
-from .engine import LaunchRequest, launch
-from .errors import LaunchConfigError, LaunchTimeoutError, WorkerError
+from ..config.fields import arguments as config_arguments
+from ..errors import LaunchConfigError, LaunchTimeoutError, WorkerError
+from .engine import launch
+from .request import LaunchRequest
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "")
 
@@ -97,18 +99,17 @@ def notebook_launcher(
         raise LaunchConfigError("monitor_interval", monitor_interval, "a number of seconds > 0")
     if rdzv_backend not in ("static", "c10d", None):
         raise LaunchConfigError("rdzv_backend", rdzv_backend, "'static' or 'c10d'")
-    port = None if use_port in (None, "", 0, "0") else use_port
-    arguments = {
-        "num_processes": num_processes,
-        "mixed_precision": mixed_precision,
-        "main_process_port": port,
-        "backend": backend,
-        "start_method": start_method,
-        "gpu_ids": gpu_ids,
-        "output": output,
-        "timeout": timeout,
-        "engine": engine,
-    }
+    arguments = config_arguments(
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,
+        use_port=use_port,
+        backend=backend,
+        start_method=start_method,
+        gpu_ids=gpu_ids,
+        output=output,
+        timeout=timeout,
+        engine=engine,
+    )
     req = LaunchRequest(
         fn=function,
         args=tuple(args),
@@ -140,7 +141,7 @@ def _across_machines(a: dict):
     num_nodes, endpoint = a["num_nodes"], a["rdzv_endpoint"]
     if a["rdzv_backend"] not in ("static", "c10d"):
         raise LaunchConfigError("rdzv_backend", a["rdzv_backend"], "'static' or 'c10d'")
-    ip, port = None, a["use_port"] or None
+    ip, port = None, a["use_port"]
     if endpoint:
         host, sep, p = str(endpoint).rpartition(":")
         if not sep or not host or not p.isdigit():
@@ -148,21 +149,21 @@ def _across_machines(a: dict):
         ip, port = host, int(p)
     elif a["master_addr"] not in _LOOPBACK or a["master_addr"] == "127.0.0.1" and port:
         ip = a["master_addr"]
-    per_node = a["num_processes"]
-    arguments = {
-        "num_processes": per_node * num_nodes if per_node else None,
-        "mixed_precision": a["mixed_precision"],
-        "main_process_port": port,
-        "main_process_ip": ip,
-        "num_machines": num_nodes,
-        "machine_rank": a["node_rank"],
-        "rdzv_backend": a["rdzv_backend"] or "static",
-        "backend": a["backend"],
-        "start_method": a["start_method"],
-        "gpu_ids": a["gpu_ids"],
-        "output": a["output"],
-        "timeout": a["timeout"],
-    }
+    per_node = a["num_processes"]  # Accelerate's notebook_launcher counts processes per machine
+    arguments = config_arguments(
+        num_processes=per_node * num_nodes if per_node else None,
+        mixed_precision=a["mixed_precision"],
+        use_port=port,
+        main_process_ip=ip,
+        num_machines=num_nodes,
+        machine_rank=a["node_rank"],
+        rdzv_backend=a["rdzv_backend"] or "static",
+        backend=a["backend"],
+        start_method=a["start_method"],
+        gpu_ids=a["gpu_ids"],
+        output=a["output"],
+        timeout=a["timeout"],
+    )
     req = LaunchRequest(
         fn=a["function"],
         args=tuple(a["args"]),

@@ -15,6 +15,8 @@ import html
 import sys
 import time
 
+from tqdm import std as tqdm_std
+
 REDRAW_S = 0.1
 CHART_S = 0.5
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -43,21 +45,21 @@ def render_mode(output: str) -> str:
 def _fmt_time(s: float | None) -> str:
     if s is None or s != s or s == float("inf"):
         return "?"
-    s = int(s)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
+    return tqdm_std.tqdm.format_interval(s)
 
 
 def bar_text(state: dict) -> str:
-    """'37/100 [00:03<00:05, 12.1it/s, loss=0.3]' from a progress event."""
-    n, total, rate, unit = state["n"], state["total"], state["rate"], state["unit"]
-    if rate is None and state["elapsed"]:
-        rate = n / state["elapsed"]  # tqdm's overall average, as it shows for a finished bar
-    count = f"{n:g}/{total:g}" if total else f"{n:g}"
-    remaining = (total - n) / rate if total and rate else None
-    rate_s = f"{rate:.2f}{unit}/s" if rate else f"?{unit}/s"
-    times = f"{_fmt_time(state['elapsed'])}<{_fmt_time(remaining)}" if total else _fmt_time(state["elapsed"])
-    post = f", {state['postfix']}" if state["postfix"] else ""
-    return f"{count} [{times}, {rate_s}{post}]"
+    """' 37% 37/100 [00:03<00:05, 12.10it/s, loss=0.3]' from a progress event: tqdm's own meter, without the bar."""
+    return tqdm_std.tqdm.format_meter(
+        state["n"],
+        state["total"],
+        state["elapsed"],
+        ncols=0,
+        unit=state["unit"],
+        unit_scale=state.get("unit_scale") or False,
+        rate=state["rate"],
+        postfix=state["postfix"] or None,
+    ).strip()
 
 
 def svg_chart(points: list[dict], width: int = 560, height: int = 180) -> str:

@@ -10,8 +10,9 @@ Inside a worker, the tqdm classes themselves (``tqdm.tqdm``, ``tqdm.auto.tqdm``,
 uses tqdm — directly or through Accelerate, transformers or Lightning — shows rank 0's
 bars in the cell instead of N garbled text bars.
 
-Where the kernel cannot draw widgets (a terminal, no ipywidgets, ``output="none"``) the
-bars are tqdm's text bars on stderr; outside any launch ``progress()`` is ``tqdm.auto``.
+Where the kernel cannot draw widgets (a terminal, no ipywidgets, ``output="none"``, another
+engine's workers) the bars are tqdm's text bars on stderr; outside any launch ``progress()`` is
+``tqdm.auto``. The mode comes from the rank's ``WorkerContext`` (``progress_render``).
 
 Example::
 
@@ -25,28 +26,15 @@ Example::
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import time
 
 from tqdm import std as _tqdm_std
 
-# How the kernel asked this worker to show progress: "widgets" (send events), "text" (tqdm
-# text bars on stderr) or "off". Set by the engine in every worker's environment.
-RENDER_ENV = "NBLAUNCH_PROGRESS_RENDER"
-SCOPE_ENV = "NBLAUNCH_PROGRESS_SCOPE"  # "rank0" | "all"
+from .context import current as _worker
+
 _bar_ids = itertools.count()
 _open_bars: list = []
-
-
-def _worker():
-    from . import worker
-
-    return worker.CURRENT
-
-
-def _shows_bars(ctx) -> bool:
-    return ctx.rank == 0 or os.environ.get(SCOPE_ENV) == "all"
 
 
 class EventTqdm(_tqdm_std.tqdm):
@@ -56,7 +44,7 @@ class EventTqdm(_tqdm_std.tqdm):
         ctx = _worker()
         kwargs = dict(kwargs)
         kwargs.setdefault("mininterval", 0.1)
-        if ctx is None or not _shows_bars(ctx):
+        if ctx is None or not ctx.shows_bars():
             kwargs["disable"] = True
         kwargs["disable"] = bool(kwargs.get("disable", False))
         kwargs["gui"] = True  # tqdm then never writes to a file itself
@@ -132,10 +120,10 @@ def progress(iterable=None, desc=None, total=None, leave=True, unit="it", disabl
         from tqdm.auto import tqdm as auto
 
         return auto(iterable, **kwargs)
-    mode = os.environ.get(RENDER_ENV, "text")
+    mode = ctx.progress_render
     if mode == "widgets":
         return EventTqdm(iterable, **kwargs)
-    if mode == "off" or not _shows_bars(ctx):
+    if mode == "off" or not ctx.shows_bars():
         kwargs["disable"] = True
     return _tqdm_std.tqdm(iterable, file=sys.stderr, **kwargs)
 
@@ -155,10 +143,10 @@ def log_metrics(step=None, **values):
         >>> log_metrics(step=10, loss=0.25)   # doctest: +SKIP
     """
     ctx = _worker()
-    if ctx is None or not _shows_bars(ctx):
+    if ctx is None or not ctx.shows_bars():
         return
     point = {"step": step, **{k: float(v) if hasattr(v, "__float__") else v for k, v in values.items()}}
-    if os.environ.get(SCOPE_ENV) == "all":
+    if ctx.progress_scope == "all":
         point["rank"] = ctx.rank
     _pending_metrics.append(point)
     now = time.monotonic()
@@ -186,7 +174,8 @@ def finish_in_worker() -> None:
 
 def install_in_worker() -> None:
     """Make every tqdm class in this worker the event-sending bar (widgets mode only)."""
-    if os.environ.get(RENDER_ENV) != "widgets":
+    ctx = _worker()
+    if ctx is None or ctx.progress_render != "widgets":
         return
     import tqdm
     import tqdm.asyncio

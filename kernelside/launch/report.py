@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
-
-from .group import ExitStatus
+import signal
 
 # Errors a rank raises *because a peer died* (its collective lost the connection). They are
 # never the root cause while a rank with another failure exists.
@@ -23,24 +22,55 @@ _PEER_LOSS = re.compile(
 
 
 @dataclasses.dataclass
+class ExitStatus:
+    """How a worker ended: ``exitcode`` for a normal exit, ``signal`` for death by signal."""
+
+    exitcode: int | None
+    signal: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exitcode == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            name = signal_name(self.signal)
+            hint = {
+                signal.SIGKILL: " — out of memory?",
+                signal.SIGSEGV: " (segmentation fault)",
+                signal.SIGBUS: " (bus error)",
+                signal.SIGABRT: " (aborted)",
+            }.get(self.signal, "")
+            return f"killed by {name}{hint}"
+        return f"exit code {self.exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+@dataclasses.dataclass
 class Failure:
     rank: int | None  # None: the launch as a whole (timeout)
     kind: str  # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout"
     message: str
-    t: float  # monotonic time the failure happened (error events) or was seen (exits)
+    t: float  # when it happened (error events) or was seen (exits), on the run recorder's clock
     traceback: str | None = None
     phase: str | None = None
     exc_type: str | None = None
     status: ExitStatus | None = None
 
     @classmethod
-    def from_error(cls, rank: int, payload: dict) -> Failure:
-        """A failure from a worker's ``error`` event (see ``worker._error_payload``)."""
+    def from_error(cls, rank: int, payload: dict, clock: str = "monotonic") -> Failure:
+        """A failure from a worker's ``error`` event (``lifecycle.error_payload``), timed on ``clock``."""
         return cls(
             rank=rank,
             kind="error",
             message=f"{payload['type']}: {payload['message']}",
-            t=payload["t"],
+            t=payload["wall" if clock == "wall" else "t"],
             traceback=payload["traceback"],
             phase=payload["phase"],
             exc_type=payload["type"],
@@ -76,12 +106,15 @@ class LaunchReport:
     started_at: float
     ranks: list[RankReport] = dataclasses.field(default_factory=list)
     failures: list[Failure] = dataclasses.field(default_factory=list)
-    outcome: str = "running"  # running | ok | failed | timeout | interrupted
+    outcome: str = "running"  # running | ok | failed | timeout | interrupted | stopped
     startup_s: float | None = None  # call → every rank running user code
     wall_s: float | None = None
     ended_at: float | None = None
     metrics: list[dict] = dataclasses.field(default_factory=list)  # every log_metrics() point, in order
     event_counts: dict = dataclasses.field(default_factory=dict)  # worker events received, by kind
+    engine: str = "local"
+    return_all: bool = False  # every rank sends its value (else rank 0 only)
+    clock: str = "monotonic"  # the clock of Failure.t: "monotonic" on one machine, "wall" across machines
 
     def metrics_frame(self):
         """The metrics history as a pandas DataFrame (pandas must be installed)."""
@@ -127,6 +160,8 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     parts = []
     if root.kind == "timeout":
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
+    elif root.rank is None:  # the engine itself failed (Ray Train), with no rank to blame
+        return f"nblaunch: {root.message}\nlogs of every rank: {report.log_dir}"
     else:
         where = f" during {root.phase}" if root.phase and root.phase != "run" else ""
         parts.append(f"nblaunch: rank {root.rank} failed{where}: {root.message}")

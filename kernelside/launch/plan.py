@@ -17,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from .config import ResolvedConfig
-from .errors import LaunchConfigError
+from ..config.fields import DEFAULT_PORT, default_processes_per_machine, processes_per_machine
+from ..config.resolve import ResolvedConfig
+from ..errors import LaunchConfigError
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
-    num_processes: int
+    num_processes: int  # every rank of the launch, on all machines (WORLD_SIZE)
     backend: str  # "nccl" | "gloo"
     start_method: str  # "fork" | "spawn"
     start_reason: str  # one line on why this start method (shown to the user when it matters)
@@ -36,9 +37,11 @@ class LaunchPlan:
     timeout: float | None
     log_dir: str | None
     base_env: dict  # variables every rank gets (rank-specific ones are added by env_for)
-    engine: str = "local"  # "local" | "ray"
+    engine: str = "local"  # the engines.table name: "local" | "elastic" (across machines) | "ray"
     ray: dict | None = None  # engine "ray": address, use_gpu, resources_per_worker
-    # Across machines (torch's elastic launcher): num_processes above is this machine's share.
+    notices: tuple[str, ...] = ()  # lines the launch shows before it starts (why spawn, say)
+    # Across machines (torch's elastic launcher)
+    processes_per_machine: int = 0  # this machine's share of num_processes (0: all of them)
     num_machines: int = 1
     machine_rank: int = 0
     main_process_ip: str | None = None
@@ -167,25 +170,19 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     if v["engine"] == "ray":
         return ray_plan(v)
     machines = v["num_machines"]
-    if machines > 1:
-        check_machines(v)
     use_cpu = bool(v["use_cpu"]) or gpus == 0
     gpu_ids = () if use_cpu and v["gpu_ids"] == "all" else parse_gpu_ids(v["gpu_ids"], gpus)
     if v["use_cpu"]:
         gpu_ids = ()
-    n = v["num_processes"]
-    if n is None:
-        n = len(gpu_ids) if gpu_ids else 2
-    else:
-        n //= machines  # num_processes counts every machine's processes, as in Accelerate's config
-    backend = choose_backend(v["backend"], n, gpu_ids, use_cpu)
+    per_machine = processes_per_machine(v, len(gpu_ids))
+    backend = choose_backend(v["backend"], per_machine, gpu_ids, use_cpu)
     method, reason = choose_start_method(v["start_method"], cuda_initialized, init_site)
 
     env = {str(k): str(x) for k, x in v["env"].items()}
     env.update(accelerate_env(v, use_cpu))
     env.setdefault("PYTHONUNBUFFERED", "1")  # the worker's own subprocesses stream live too
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # a user's own value stays
-        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))  # the cores shared out, as torchrun would
+        env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))  # cores shared out, as torchrun
     if gpu_ids:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(_visible_physical(gpus)[i] for i in gpu_ids)
     elif v["use_cpu"] and gpus:
@@ -200,7 +197,7 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
         env["TORCHELASTIC_USE_AGENT_STORE"] = "True"
 
     return LaunchPlan(
-        num_processes=n,
+        num_processes=per_machine * machines,
         backend=backend,
         start_method=method,
         start_reason=reason,
@@ -213,46 +210,19 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
         timeout=v["timeout"],
         log_dir=v["log_dir"],
         base_env=env,
+        engine="elastic" if machines > 1 else "local",
+        notices=(reason,) if method == "spawn" and reason.startswith("nblaunch:") else (),
+        processes_per_machine=per_machine,
         num_machines=machines,
         machine_rank=v["machine_rank"],
         main_process_ip=v["main_process_ip"],
-        rdzv_port=v["main_process_port"] or DEFAULT_RDZV_PORT,
+        rdzv_port=v["main_process_port"] or DEFAULT_PORT,
         rdzv_backend=v["rdzv_backend"],
     )
 
 
-DEFAULT_RDZV_PORT = 29500
-
-
-def check_machines(v: dict) -> None:
-    """The settings a launch across machines needs, checked before anything starts."""
-    machines = v["num_machines"]
-    if v["main_process_ip"] is None:
-        raise LaunchConfigError(
-            "main_process_ip",
-            None,
-            None,
-            message=f"num_machines={machines} needs main_process_ip: the address of machine 0, which every machine "
-            "can reach (or rdzv_endpoint='HOST:PORT' in notebook_launcher). Nothing was started.",
-        )
-    if v["machine_rank"] >= machines:
-        raise LaunchConfigError("machine_rank", v["machine_rank"], f"0 .. {machines - 1} (num_machines={machines})")
-    n = v["num_processes"]
-    if n is not None and n % machines:
-        raise LaunchConfigError(
-            "num_processes",
-            n,
-            None,
-            message=f"num_processes={n} counts the processes of all num_machines={machines} machines and must "
-            f"divide evenly among them: use a multiple of {machines}. Nothing was started.",
-        )
-
-
 def ray_plan(v: dict) -> LaunchPlan:
     """engine: ray: Ray places the workers (and their GPUs); the code travels to them by cloudpickle."""
-    from .ray_engine import require_ray
-
-    require_ray()
     if v["num_machines"] > 1:
         raise LaunchConfigError(
             "num_machines",
@@ -279,8 +249,9 @@ def ray_plan(v: dict) -> LaunchPlan:
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(per_worker.get("CPU", 1)))))
     if v["ray_address"] == "local" and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a Ray of this kernel's own: everything stays on 127.0.0.1
+    n = v["num_processes"] or default_processes_per_machine(0)
     return LaunchPlan(
-        num_processes=v["num_processes"] or 2,
+        num_processes=n,
         backend=backend,
         start_method="spawn",
         start_reason="engine='ray': the code is sent to Ray's workers with cloudpickle",
@@ -294,5 +265,6 @@ def ray_plan(v: dict) -> LaunchPlan:
         log_dir=v["log_dir"],
         base_env=env,
         engine="ray",
+        processes_per_machine=n,
         ray={"address": v["ray_address"], "use_gpu": use_gpu, "resources_per_worker": per_worker},
     )

@@ -29,14 +29,13 @@ import pickle
 import shlex
 from pathlib import Path
 
-from . import hardware
+from ..config import resolve_config
+from ..config.fields import DEFAULT_PORT, processes_per_machine
+from ..errors import LaunchConfigError
+from ..launch import hardware
+from ..launch.plan import accelerate_env
 from .cell import ends_with_semicolon
-from .config import resolve_config
-from .errors import LaunchConfigError
 from .export_deps import Collector, cell_free_names
-from .plan import accelerate_env
-
-DEFAULT_PORT = 29500
 
 
 @dataclasses.dataclass
@@ -134,32 +133,12 @@ def _split_last_expression(body: str) -> tuple[str, str | None]:
 
 def _commands(values: dict, script: str, gpus: int) -> tuple[str, str]:
     machines = values["num_machines"]
-    total = values["num_processes"]
-    if total is None:
-        per_node: int | str = "gpu" if gpus else 2
-        total_acc = (gpus or 2) * machines
-    else:
-        if total % machines:
-            raise LaunchConfigError(
-                "num_processes",
-                total,
-                None,
-                message=f"num_processes={total} is the total over num_machines={machines} machines and must divide "
-                f"evenly among them. Set num_processes to a multiple of {machines}. Nothing was written.",
-            )
-        per_node, total_acc = total // machines, total
-    ip = values["main_process_ip"]
-    if ip is None:
-        if machines > 1:
-            raise LaunchConfigError(
-                "main_process_ip",
-                None,
-                None,
-                message=f"num_machines={machines} needs main_process_ip, the address of machine 0 that every "
-                "machine can reach. Set it in the panel or nblaunch.yaml. Nothing was written.",
-            )
-        ip = "127.0.0.1"
+    per_node = processes_per_machine(values, gpus, doing="Nothing was written.")
+    ip = values["main_process_ip"] or "127.0.0.1"  # (more than one machine needs it: checked above)
     port = values["main_process_port"] or DEFAULT_PORT
+    total_acc = per_node * machines
+    if values["num_processes"] is None and gpus:
+        per_node = "gpu"  # torchrun's own: one process per GPU of the machine it runs on
     q = shlex.quote
     torchrun = (
         f"torchrun --nnodes {machines} --nproc-per-node {per_node} --rdzv-backend c10d "

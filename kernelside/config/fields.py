@@ -1,40 +1,25 @@
-"""The launch configuration: one schema, its file format, and where values come from.
+"""The schema of the launch configuration: every key, its type, default, allowed values and help,
+plus the names and defaults that every path shares (aliases, default port and process count,
+the multi-machine rules).
 
-Everything that reads or writes ``nblaunch.yaml`` goes through this module: the engine
-(``notebook_launcher`` / ``%%distributed``), the JupyterLab server extension and, through
-the server's JSON, the side panel.  Key names follow Accelerate's ``default_config.yaml``
-where they mean the same thing, so a file written here is readable by ``accelerate``
-and vice versa (``accelerate_config.py``).
-
-Resolution order, highest first::
-
-    call arguments / magic flags  >  nblaunch.yaml  >  detected hardware  >  defaults
-
-and the file itself is found as: explicit path > ``$NBLAUNCH_CONFIG`` > ``nblaunch.yaml``
-walking up from the working directory > Accelerate's default config (overlapping keys).
+The magics, ``notebook_launcher``, the plan, the export, the server extension and the panel all
+read these; none keeps a copy.
 
 Example::
 
-    >>> cfg = resolve_config({"num_processes": 4})
-    >>> cfg.values["num_processes"], cfg.sources["num_processes"]
-    (4, 'argument')
+    >>> check_value("num_processes", "4")
+    4
+    >>> arguments(use_port=29501, num_processes=None)
+    {'main_process_port': 29501}
 """
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import re
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .errors import LaunchConfigError
-
-CONFIG_FILENAME = "nblaunch.yaml"
-ENV_CONFIG = "NBLAUNCH_CONFIG"
+from ..errors import LaunchConfigError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -348,168 +333,65 @@ def validate(values: dict) -> tuple[dict, dict[str, str]]:
     return good, errors
 
 
-@dataclasses.dataclass
-class ConfigFile:
-    """A parsed config file: known values, unknown keys (kept on save) and warnings."""
+# -- names and defaults every path shares ---------------------------------------------------------
 
-    path: Path | None
-    values: dict
-    unknown: dict
-    warnings: list[str]
+# Other spellings of a key: Accelerate's notebook_launcher(use_port=...), the magics' --port.
+ALIASES = {"use_port": "main_process_port", "port": "main_process_port"}
+DEFAULT_PORT = 29500  # the rendezvous port across machines and in exported commands (torchrun's default)
+PROCESSES_WITHOUT_GPU = 2  # num_processes left empty on a machine without GPUs
 
 
-def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
-    where = str(path) if path else "<config>"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise LaunchConfigError(
-            None,
-            None,
-            None,
-            message=f"{where} is not valid YAML{line}: {getattr(e, 'problem', e)}. "
-            "Fix the file (or delete it to use defaults).",
-            path=path,
-        ) from None
-    if data is None:
-        data = {}
-    if not isinstance(data, dict):
-        raise LaunchConfigError(
-            None,
-            None,
-            None,
-            path=path,
-            message=f"{where} must hold a mapping of keys to values, found {type(data).__name__}.",
-        )
-    values, unknown, warnings = {}, {}, []
-    for k, v in data.items():
-        k = str(k)
-        if k in FIELDS_BY_NAME:
-            try:
-                values[k] = check_value(k, v)
-            except LaunchConfigError as e:
-                e.path = path
-                raise
-        else:
-            unknown[k] = v
-            if k not in ACCELERATE_PASSTHROUGH:
-                warnings.append(f"{where}: unknown key {k!r} is kept but ignored")
-    return ConfigFile(path, values, unknown, warnings)
+def arguments(**given) -> dict:
+    """Explicitly given launch settings under their schema names: aliases mapped, empty ones dropped.
 
-
-def load_config_file(path: str | os.PathLike) -> ConfigFile:
-    p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise LaunchConfigError(
-            None,
-            None,
-            None,
-            path=p,
-            message=f"config file {p} does not exist. Create it from the side panel, or pass an existing path.",
-        ) from None
-    return parse_config_text(text, p)
-
-
-def dump_config_text(values: dict, unknown: dict | None = None) -> str:
-    """YAML text for a config: known keys in schema order (non-default only), then unknown keys."""
-    out = {}
-    for f in FIELDS:
-        if f.name in values and values[f.name] != f.default:
-            out[f.name] = values[f.name]
-    for k, v in (unknown or {}).items():
-        if k not in FIELDS_BY_NAME:
-            out[k] = v
-    return yaml.safe_dump(out, sort_keys=False, default_flow_style=False) if out else "{}\n"
-
-
-def save_config_file(path: str | os.PathLike, values: dict, unknown: dict | None = None) -> Path:
-    """Validate, then write atomically (temporary file in the same folder, then rename)."""
-    good, errors = validate(values)
-    if errors:
-        k = next(iter(errors))
-        raise LaunchConfigError(k, values[k], None, message=f"{k}: {errors[k]}")
-    p = Path(path)
-    write_text_atomic(p, dump_config_text(good, unknown))
-    return p
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a temporary file beside ``path``, then rename it over: readers see the old or the new file, whole."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o777)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def find_config_path(
-    start: str | os.PathLike | None = None, explicit: str | os.PathLike | None = None
-) -> tuple[Path | None, str]:
-    """The config file a launch from ``start`` would read, and why: (path or None, kind)."""
-    if explicit:
-        return Path(explicit), "explicit"
-    if os.environ.get(ENV_CONFIG):
-        return Path(os.environ[ENV_CONFIG]), ENV_CONFIG
-    here = Path(start or os.getcwd()).resolve()
-    for d in (here, *here.parents):
-        if (d / CONFIG_FILENAME).is_file():
-            return d / CONFIG_FILENAME, "nblaunch.yaml"
-    from .accelerate_config import default_config_path  # (that module builds on this one)
-
-    acc = default_config_path()
-    if acc.is_file():
-        return acc, "accelerate"
-    return None, "none"
-
-
-@dataclasses.dataclass
-class ResolvedConfig:
-    """Final values, and for each key where it came from ('argument', a file path, 'detected', 'default')."""
-
-    values: dict
-    sources: dict
-    path: Path | None
-    warnings: list[str]
-
-    def __getitem__(self, key):
-        return self.values[key]
-
-
-def resolve_config(
-    arguments: dict | None = None, *, config: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None
-) -> ResolvedConfig:
-    """Merge call arguments over the config file over defaults; validate everything.
-
-    ``arguments`` holds only what the caller gave explicitly (None values are ignored).
-    Hardware-dependent defaults (num_processes) stay None here; the launch plan fills them.
+    ``use_port=0`` or ``""`` means "no port asked for", as in Accelerate.
     """
-    values, sources = defaults(), {f.name: "default" for f in FIELDS}
-    path, kind = find_config_path(cwd, config)
-    warnings: list[str] = []
-    if path is not None:
-        if kind == "accelerate":
-            from .accelerate_config import import_accelerate
-
-            cf = import_accelerate(path)
-        else:
-            cf = load_config_file(path)
-        warnings.extend(cf.warnings)
-        for k, v in cf.values.items():
-            values[k], sources[k] = v, str(path)
-    for k, v in (arguments or {}).items():
-        if v is None:
+    out = {}
+    for key, value in given.items():
+        name = ALIASES.get(key, key)
+        if value is None or (name == "main_process_port" and value in ("", 0, "0")):
             continue
-        values[k], sources[k] = check_value(k, v), "argument"
-    return ResolvedConfig(values, sources, path, warnings)
+        if name not in FIELDS_BY_NAME:
+            raise LaunchConfigError(key, value, "a known key: " + ", ".join(FIELDS_BY_NAME))
+        out[name] = value
+    return out
+
+
+def default_processes_per_machine(gpus: int) -> int:
+    """One rank per GPU the launch uses, or PROCESSES_WITHOUT_GPU without GPUs."""
+    return gpus or PROCESSES_WITHOUT_GPU
+
+
+def processes_per_machine(values: dict, gpus: int, *, doing: str = "Nothing was started.") -> int:
+    """``num_processes`` counts every machine's processes (as in Accelerate's config): this machine's share."""
+    check_machines(values, doing=doing)
+    machines, total = values["num_machines"], values["num_processes"]
+    return default_processes_per_machine(gpus) if total is None else total // machines
+
+
+def check_machines(values: dict, *, doing: str = "Nothing was started.") -> None:
+    """The settings a launch across machines needs, checked before anything starts (or is written)."""
+    machines = values["num_machines"]
+    if machines == 1:
+        return
+    if values["main_process_ip"] is None:
+        raise LaunchConfigError(
+            "main_process_ip",
+            None,
+            None,
+            message=f"num_machines={machines} needs main_process_ip: the address of machine 0, which every machine "
+            f"can reach (or rdzv_endpoint='HOST:PORT' in notebook_launcher). {doing}",
+        )
+    if values["machine_rank"] >= machines:
+        raise LaunchConfigError(
+            "machine_rank", values["machine_rank"], f"0 .. {machines - 1} (num_machines={machines})"
+        )
+    n = values["num_processes"]
+    if n is not None and n % machines:
+        raise LaunchConfigError(
+            "num_processes",
+            n,
+            None,
+            message=f"num_processes={n} counts the processes of all num_machines={machines} machines and must "
+            f"divide evenly among them: use a multiple of {machines}. {doing}",
+        )

@@ -1,0 +1,255 @@
+"""The run recorder: the one place that turns what an engine observes into the run's outcome.
+
+Every engine (local processes, torch's elastic launcher, Ray Train) feeds it the same
+observations — a rank's output, its events (``ready``, ``done``, ``progress``, ``metrics``,
+``result``, ``error``), a rank's exit, a timeout, an interrupt, a failure of the engine itself —
+and the recorder alone fills the ``LaunchReport``, decides the outcome and the root cause, asks
+the engine to stop every rank at the first failure, and builds the ``WorkerError``.
+
+**Clock.** Failure times are compared to find the root cause, so they must come from one clock:
+the engine declares it. Ranks on this machine are timed on ``time.monotonic()``; ranks that
+may run on other machines (Ray) on wall time. Workers stamp their events with both; the
+recorder reads the one of its clock and stamps what it sees itself (exits, timeouts) on it too.
+
+Example::
+
+    >>> rec = RunRecorder(report, clock="monotonic", stop=group_stop)   # doctest: +SKIP
+    >>> rec.event(1, "error", payload)        # first failure: stop() is called once
+    >>> rec.outcome(return_all=False)         # raises WorkerError naming rank 1
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import cloudpickle
+
+from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
+from .report import ExitStatus, Failure, LaunchReport, RankReport, format_failure_message
+
+CLOCKS = {"monotonic": time.monotonic, "wall": time.time}
+
+
+class RunRecorder:
+    """Receives every engine's observations; decides outcome and root cause on one clock."""
+
+    def __init__(
+        self,
+        report: LaunchReport,
+        *,
+        clock: str = "monotonic",
+        router=None,
+        display=None,
+        on_event=None,
+        stop=None,
+        tails=None,
+        peer_hint: str | None = None,
+        t_call: float | None = None,
+    ):
+        self.report = report
+        self.clock = clock
+        self.now = CLOCKS[clock]
+        self.t_call = time.monotonic() if t_call is None else t_call  # when the launch began (monotonic)
+        self.t0 = self.now() - (time.monotonic() - self.t_call)  # the same moment on the recorder's clock
+        self.router, self.display, self.on_event = router, display, on_event
+        self.tails = tails if tails is not None else router  # tail(rank) for the failure message
+        self.peer_hint = peer_hint
+        self._stop = stop
+        self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
+        self.stop_reason: str | None = None
+        self.results: list[bytes | None] = [None] * report.world_size
+        report.clock = clock
+
+    # -- what the engine tells ------------------------------------------------------------
+    def add_ranks(self, ranks) -> None:
+        """``ranks``: (rank, pid) pairs of the processes the engine started."""
+        paths = getattr(self.router, "log_paths", {})
+        self.report.ranks = [RankReport(rank=r, pid=pid, log_path=paths.get(r, "")) for r, pid in ranks]
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopping_since is not None
+
+    def output(self, rank: int, stream: str, data: bytes) -> None:
+        self.router.feed(rank, stream, data)
+
+    def event(self, rank: int, kind: str, payload) -> None:
+        """One worker event: ``ready``, ``done``, ``progress``, ``metrics``, ``result`` or ``error``."""
+        rr = self._rank(rank)
+        if kind == "ready":
+            if rr is not None:
+                rr.pid = payload.get("pid", rr.pid)
+                rr.ready_s = self._since(payload)
+                if all(r.ready_s is not None for r in self.report.ranks):
+                    self.report.startup_s = max(r.ready_s for r in self.report.ranks)
+        elif kind == "done":
+            if rr is not None:
+                rr.done_s = self._since(payload)
+        elif kind == "result":
+            self.results[rank] = payload
+        elif kind == "metrics":
+            self.report.metrics.extend(payload)
+        elif kind == "error":
+            self._fail(Failure.from_error(rank, payload, self.clock))
+        self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
+        if self.display is not None and kind in ("progress", "metrics"):
+            self.display.on_event(rank, kind, payload)
+        if self.on_event is not None:
+            self.on_event(rank, kind, payload)
+
+    def exited(self, rank: int, status: ExitStatus) -> None:
+        """A rank's process ended (or, for engines without processes of ours, its code returned)."""
+        rr = self._rank(rank)
+        if rr is not None:
+            rr.status = status
+            rr.ended_s = time.monotonic() - self.t_call
+        own = [f for f in self.report.failures if f.rank == rank]
+        if own:
+            for f in own:
+                f.status = status
+            return
+        if status.ok:
+            if self._must_return(rank) and self.results[rank] is None and not self.stopping:
+                self._fail(
+                    Failure(
+                        rank=rank,
+                        kind="exit",
+                        message="exited with code 0 before sending its "
+                        "result (os._exit(0) or sys.exit(0) in the launched code?)",
+                        t=self.now(),
+                        status=status,
+                    )
+                )
+            return
+        if self.stopping and status.signal == signal.SIGTERM:
+            return  # ended by our SIGTERM; any other end (exit code, SIGKILL, SIGSEGV) is the rank's own
+        self._fail(Failure(rank=rank, kind="exit", message=status.describe(), t=self.now(), status=status))
+
+    def final_status(self, rank: int, status: ExitStatus | None) -> None:
+        """How a rank's process really ended, once the engine has reaped it (after any stop)."""
+        rr = self._rank(rank)
+        if rr is not None and status is not None:
+            rr.status = status
+
+    def timeout(self, seconds: float) -> None:
+        self._fail(
+            Failure(
+                rank=None,
+                kind="timeout",
+                t=self.now(),
+                message=f"the run exceeded timeout={seconds:g}s and every rank was stopped",
+            ),
+            outcome="timeout",
+        )
+
+    def engine_failed(self, message: str) -> None:
+        """The engine itself failed without any rank reporting an error (a Ray Train failure, say)."""
+        if not self.report.failures:
+            self._fail(Failure(rank=None, kind="exit", t=self.now(), message=message))
+
+    def stop_requested(self, reason: str) -> None:
+        """Someone outside the run asked for it to stop (the launch panel's Stop)."""
+        if not self.stopping:
+            self.stop_reason = reason
+            self.report.outcome = "stopped"
+            self._begin_stop()
+
+    def interrupted(self) -> None:
+        self.report.outcome = "interrupted"
+
+    def tick(self) -> None:
+        """Housekeeping between observations: partial lines, throttled widget redraws."""
+        if self.router is not None:
+            self.router.flush_stale()
+        if self.display is not None:
+            self.display.tick()
+
+    # -- the outcome ----------------------------------------------------------------------
+    def close(self) -> None:
+        """The engine has stopped every rank: finish output and timings."""
+        if self.router is not None:
+            self.router.finish()
+        self.report.ended_at = time.time()
+        self.report.wall_s = time.monotonic() - self.t_call
+
+    def outcome(self, return_all: bool):
+        """Rank 0's value and every rank's (with ``return_all``); raises the run's error if it failed."""
+        error = self._error()
+        if error is None:
+            try:
+                values = self._values()
+            except WorkerError as e:
+                error = e
+        if self.display is not None:
+            self.display.finish(error)
+        if error is not None:
+            raise error
+        self.report.outcome = "ok"
+        return values[0], (values if return_all else None)
+
+    def finish_interrupted(self, exc: BaseException) -> None:
+        self.report.outcome = "interrupted"
+        if self.display is not None:
+            self.display.finish(exc)
+
+    # -- inside ---------------------------------------------------------------------------
+    def _rank(self, rank: int) -> RankReport | None:
+        for rr in self.report.ranks:
+            if rr.rank == rank:
+                return rr
+        return None
+
+    def _since(self, payload: dict) -> float:
+        t = payload.get("wall" if self.clock == "wall" else "t")
+        return (t - self.t0) if t is not None else (self.now() - self.t0)
+
+    def _must_return(self, rank: int) -> bool:
+        return rank == 0 or self.report.return_all
+
+    def _fail(self, failure: Failure, outcome: str = "failed") -> None:
+        self.report.failures.append(failure)
+        if not self.stopping:
+            self.report.outcome = outcome
+            self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        self.stopping_since = time.monotonic()
+        if self._stop is not None:
+            self._stop()
+
+    def _error(self) -> WorkerError | None:
+        rep = self.report
+        if rep.outcome == "stopped" and not rep.failures:
+            return LaunchStoppedError(
+                f"nblaunch: the run was stopped {self.stop_reason}; every rank was stopped and nothing is left "
+                f"running.\nlogs of every rank: {rep.log_dir}",
+                rank=None,
+                failures=[],
+                report=rep,
+            )
+        if not rep.failures:
+            return None
+        root = rep.root_cause()
+        message = format_failure_message(rep, root, self.tails)
+        if self.peer_hint and root.caused_by_peer:
+            message += "\n" + self.peer_hint
+        cls = LaunchTimeoutError if rep.outcome == "timeout" else WorkerError
+        return cls(message, rank=root.rank, failures=rep.failures, report=rep)
+
+    def _values(self) -> list:
+        values = []
+        for rank, body in enumerate(self.results):
+            try:
+                values.append(cloudpickle.loads(body) if body is not None else None)
+            except Exception as e:
+                self.report.outcome = "failed"
+                raise WorkerError(
+                    f"nblaunch: rank {rank}'s return value arrived but cannot be rebuilt in the kernel: "
+                    f"{type(e).__name__}: {e}. Return plain data (numbers, lists, dicts, tensors, state_dict()), or "
+                    "objects whose classes the kernel can import.",
+                    rank=rank,
+                    failures=[],
+                    report=self.report,
+                ) from None
+        return values
