@@ -191,6 +191,8 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         req.fn = req.bind(plan)
     if plan.start_method == "spawn" and plan.start_reason.startswith("nblaunch:"):
         out.write(plan.start_reason + "\n")
+    if plan.backend_reason.startswith("nblaunch:"):
+        out.write(plan.backend_reason + "\n")
     blob = _check_picklable(req) if plan.start_method == "spawn" else None
     if not _launch_lock.acquire(blocking=False):
         raise LaunchError(
