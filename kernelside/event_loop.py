@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from .channel import EventReader
+from .gpu_usage import sampler_for
 from .report import Failure
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
@@ -49,6 +50,7 @@ class EventLoop:
         self.sel = selectors.DefaultSelector()
         self.stopping_since: float | None = None
         self.ready = 0
+        self.gpu = sampler_for(plan.gpu_ids)  # per-rank GPU memory/utilization; a no-op without GPUs or NVML
         for w in group.workers:
             p = w.pipes
             for fd in p.read_ends():
@@ -99,6 +101,7 @@ class EventLoop:
             self.router.flush_stale()
             if self.display is not None:
                 self.display.tick()
+            self.gpu.tick(self.report.ranks, now)
 
     def _read(self, w, kind: str, fd: int) -> bool:
         try:
@@ -176,6 +179,7 @@ class EventLoop:
                 self.report.startup_s = max(r.ready_s for r in self.report.ranks)
         elif kind == "done":
             self.report.ranks[w.rank].done_s = payload["t"] - self.t_call
+            self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
         elif kind == "result":
             self.results[w.rank] = payload
         elif kind == "metrics":
