@@ -20,7 +20,9 @@ class Kernel:
         self.km = KernelManager()
         self.km.kernel_spec_manager  # noqa: B018 - loads specs
         self.km.kernel_name = "python3"
-        self.km.start_kernel(cwd=cwd or REPO, extra_arguments=[], env={**os.environ, "PYTHONPATH": REPO})
+        # the checkout first; a PYTHONPATH already set (the GPU kit's wheels, say) stays after it
+        path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+        self.km.start_kernel(cwd=cwd or REPO, extra_arguments=[], env={**os.environ, "PYTHONPATH": path})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
