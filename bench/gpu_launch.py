@@ -1,6 +1,6 @@
 """Launch cost on a GPU, N = 1 with NCCL: nblaunch fork against torchrun and Accelerate's notebook_launcher.
 
-    python -m bench.gpu_launch              # 5 measured runs per launcher after a warm-up (about a minute, H200)
+    python -m bench.gpu_launch              # 5 measured runs per launcher after a warm-up (sized for ~1 min)
     python -m bench.gpu_launch --quick      # 2 runs
     python -m bench.gpu_launch --smoke-cpu  # the same code on CPU with gloo, 1 run: a rehearsal, never a figure
 

@@ -1,6 +1,6 @@
 """Steady-state DDP training of a small transformer on the GPUs: nblaunch fork against torchrun, in paired runs.
 
-    python -m bench.gpu_steady              # 4 pairs after a warm-up pair, 300 timed steps (about 1.5 min, H200)
+    python -m bench.gpu_steady              # 4 pairs after a warm-up pair, 300 timed steps (sized for ~1.5 min)
     python -m bench.gpu_steady --quick      # 2 pairs, 100 timed steps
     python -m bench.gpu_steady --smoke-cpu  # a tiny model on CPU with gloo, 1 pair: a rehearsal, never a figure
 

@@ -63,6 +63,11 @@ else
     stage install skipped "no $WHEELS folder: IPython/Jupyter tests need it (make gpu-wheels, then carry it)"
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+if "$PY" -c "import IPython, ipykernel, ipywidgets, jupyter_client, nbclient, nbformat, pynvml" 2>"$WORK/import.err"; then
+    stage imports ok "IPython, ipykernel, ipywidgets, jupyter_client, nbclient, nbformat, pynvml import"
+else
+    stage imports FAILED "$(tail -n 1 "$WORK/import.err")"
+fi
 
 # 3. the GPU tests
 t0=$SECONDS

@@ -10,7 +10,7 @@ from gpu_scenario import line_of, run_scenario
 
 from kernelside import cuda_guard
 
-pytestmark = pytest.mark.usefixtures("no_leaks", "gpu_left_clean")
+pytestmark = pytest.mark.usefixtures("gpu_left_clean", "no_leaks")  # NVML is up before the fd census
 
 RANK_DEVICE = """
 def rank_device():
@@ -89,8 +89,8 @@ def raw_forked_child_uses_cuda():
         os.write(w, msg.encode()[:4000])
         os._exit(0)
     os.close(w)
-    ready, _, _ = select.select([r], [], [], 60)
-    msg = os.read(r, 4096).decode() if ready else "no answer within 60 s"
+    ready, _, _ = select.select([r], [], [], 30)
+    msg = os.read(r, 4096).decode() if ready else "no answer within 30 s"
     if not ready:
         os.kill(pid, 9)
     os.waitpid(pid, 0)
@@ -143,7 +143,7 @@ def driver_first(tmp_path_factory):
 
 def test_cuinit_below_torch_is_detected_and_the_launch_spawns_saying_why(driver_first):
     facts, run = driver_first("cuinit")
-    assert facts["cuinit_rc"] == 0 and facts["before"] is None
+    assert facts["cuinit_rc"] == 0 and facts["before"] != "initialized"  # importing torch may load, not init
     assert facts["torch_initialized"] is False  # torch never heard of it
     assert facts["state"] == "initialized" and facts["detected"] is True, facts
     assert facts["site"].startswith(cuda_guard.BELOW_TORCH) and facts["path"] in facts["site"]

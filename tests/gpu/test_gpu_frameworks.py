@@ -9,7 +9,7 @@ from gpu_scenario import run_scenario
 
 from kernelside import notebook_launcher
 
-pytestmark = pytest.mark.usefixtures("no_leaks", "gpu_left_clean")
+pytestmark = pytest.mark.usefixtures("gpu_left_clean", "no_leaks")  # NVML is up before the fd census
 
 
 def accelerate_training(steps=10):

@@ -15,7 +15,7 @@ from gpu_facts import same_uuid, wait_gpu_released
 
 from kernelside import LaunchConfigError, WorkerError, cuda_guard, last_report, notebook_launcher
 
-pytestmark = pytest.mark.usefixtures("no_leaks", "gpu_left_clean")
+pytestmark = pytest.mark.usefixtures("gpu_left_clean", "no_leaks")  # NVML is up before the fd census
 
 
 def rank_facts():
