@@ -20,8 +20,10 @@ class Kernel:
         self.km = KernelManager()
         self.km.kernel_spec_manager  # noqa: B018 - loads specs
         self.km.kernel_name = "python3"
-        # the kernel imports kernelside from ``pythonpath`` (its working directory is on sys.path too)
-        self.km.start_kernel(cwd=cwd or pythonpath, extra_arguments=[], env={**os.environ, "PYTHONPATH": pythonpath})
+        # the kernel imports kernelside from ``pythonpath`` (its working directory is on sys.path too);
+        # a PYTHONPATH already set (the GPU kit's wheels, say) stays after it
+        path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
+        self.km.start_kernel(cwd=cwd or pythonpath, extra_arguments=[], env={**os.environ, "PYTHONPATH": path})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)

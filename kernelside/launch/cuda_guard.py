@@ -6,6 +6,12 @@ told *where* that happened so they can move it. torch initializes CUDA lazily th
 ``torch.cuda._lazy_init``; the C++ side looks that attribute up on the module on every
 call, so wrapping it once catches tensor creation on a GPU as well as the Python API.
 
+Libraries below torch initialize the CUDA driver too (``ctypes.CDLL("libcuda.so.1").cuInit(0)``,
+CuPy, JAX, Numba, ``torch.cuda.is_available()`` without NVML), and torch never hears of it; a
+forked rank then fails on its first CUDA call. So the driver itself is asked as well: if
+``libcuda`` is mapped in this process (``/proc/self/maps``), ``cuDeviceGetCount`` on the
+already-loaded library tells initialized from merely loaded without initializing anything.
+
 Example::
 
     >>> install()            # done by ``import kernelside``
@@ -14,6 +20,9 @@ Example::
 
 from __future__ import annotations
 
+import ctypes
+import os
+import re
 import sys
 import traceback
 
@@ -80,7 +89,7 @@ def install(cuda_module=None) -> None:
     _state["installed_on"] = cuda_module
 
 
-def is_cuda_initialized() -> bool:
+def _torch_initialized() -> bool:
     torch = sys.modules.get("torch")
     if torch is None:
         return False
@@ -90,6 +99,72 @@ def is_cuda_initialized() -> bool:
         return False
 
 
+def is_cuda_initialized() -> bool:
+    """True once torch, or any library below it, has initialized CUDA in this process (fork is then unsafe)."""
+    return _torch_initialized() or driver_state()[0] == "initialized"
+
+
 def first_init_site() -> str | None:
-    """Where CUDA was first initialized, if it happened after ``install()``."""
-    return _state["site"]
+    """Where CUDA was first initialized: torch's first init site if recorded, else the driver below torch."""
+    if _state["site"]:
+        return _state["site"]
+    state, path = driver_state()
+    if state == "initialized" and not _torch_initialized():
+        return (
+            f"{BELOW_TORCH}: the CUDA driver ({path}) was initialized in this process outside torch.cuda "
+            "(ctypes cuInit, CuPy, JAX, Numba, or torch.cuda.is_available() without PYTORCH_NVML_BASED_CUDA_CHECK=1)"
+        )
+    return None
+
+
+# -- the CUDA driver, below torch -------------------------------------------------------------
+
+BELOW_TORCH = "by a library below torch"  # first_init_site() starts so when torch did not do it
+CUDA_ERROR_NOT_INITIALIZED = 3
+_DRIVER_FILE = re.compile(r"(?:^|/)libcuda\.so(?:\.\d+)*$")
+
+
+def driver_library_in_maps(maps_text: str) -> str | None:
+    """The path of the CUDA driver library (``libcuda.so*``) if a ``/proc/PID/maps`` text lists it.
+
+    Example::
+
+        >>> driver_library_in_maps("7f..-7f.. r-xp 00000000 08:01 42   /usr/lib/libcuda.so.580.95")
+        '/usr/lib/libcuda.so.580.95'
+    """
+    for line in maps_text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) < 6:
+            continue  # anonymous mappings have no path
+        path = fields[5].strip().removesuffix(" (deleted)")
+        if _DRIVER_FILE.search(path):
+            return path
+    return None
+
+
+def driver_state() -> tuple[str | None, str | None]:
+    """(state, path) of the CUDA driver in this process: (None, None) when it is not loaded,
+    ("loaded", path) when loaded but never initialized, ("initialized", path) after ``cuInit``.
+
+    Nothing is loaded or initialized by asking: ``RTLD_NOLOAD`` only finds a library already
+    mapped, and ``cuDeviceGetCount`` answers CUDA_ERROR_NOT_INITIALIZED before ``cuInit``.
+
+    Example::
+
+        >>> driver_state()     # on a machine without the CUDA driver
+        (None, None)
+    """
+    try:
+        with open("/proc/self/maps") as fh:
+            path = driver_library_in_maps(fh.read())
+    except OSError:
+        return None, None
+    if path is None:
+        return None, None
+    try:
+        lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_NOW)
+        count = ctypes.c_int(0)
+        rc = lib.cuDeviceGetCount(ctypes.byref(count))
+    except (OSError, AttributeError):
+        return "initialized", path  # mapped but cannot be asked: assume the worst (spawn is always safe)
+    return ("loaded" if rc == CUDA_ERROR_NOT_INITIALIZED else "initialized"), path

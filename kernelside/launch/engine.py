@@ -27,6 +27,7 @@ from ..engines.table import engine_class
 from ..errors import LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware
+from .gpu_usage import sampler_for
 from .plan import make_plan
 from .recorder import RunRecorder
 from .report import LaunchReport
@@ -139,6 +140,7 @@ def _run(engine, req: LaunchRequest, plan, log_dir: str, out, err) -> LaunchOutc
         tails=router or engine,
         peer_hint=engine.peer_hint,
         t_call=engine.t_call,
+        gpu=sampler_for(plan.gpu_ids),
     )
     interrupted = None
     try:

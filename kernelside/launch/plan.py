@@ -47,6 +47,7 @@ class LaunchPlan:
     main_process_ip: str | None = None
     rdzv_port: int | None = None
     rdzv_backend: str = "static"
+    backend_reason: str = ""  # one line on why this backend; a notice when it starts with "nblaunch:"
 
     def device_for(self, local_rank: int) -> str:
         """The device rank ``local_rank`` computes on, as a torch device string."""
@@ -111,9 +112,28 @@ def choose_backend(requested: str, num_processes: int, gpu_ids: tuple[int, ...],
     return requested
 
 
+def explain_backend(requested: str, backend: str, num_processes: int, gpu_ids: tuple[int, ...], use_cpu: bool) -> str:
+    """Why this backend, in one line; it starts with "nblaunch:" when the user should be told (auto picked
+    gloo although the ranks compute on GPUs, because there are more ranks than GPUs)."""
+    if requested != "auto":
+        return f"backend={requested!r} was asked for"
+    if backend == "nccl":
+        return "nccl: every rank has a GPU of its own"
+    if use_cpu or not gpu_ids:
+        return "gloo: the ranks compute on CPU"
+    k = len(gpu_ids)
+    where = "every rank computes on cuda:0" if k == 1 else f"rank r computes on cuda:(r mod {k})"
+    return (
+        f"nblaunch: using gloo, not NCCL: {num_processes} ranks share {k} GPU{'s' if k > 1 else ''} and NCCL needs "
+        f"a GPU of its own for each rank; {where}. For NCCL, launch at most {k} process{'es' if k > 1 else ''}."
+    )
+
+
 def choose_start_method(requested: str, cuda_initialized: bool, init_site: str | None) -> tuple[str, str]:
     """fork when safe; spawn when CUDA is already initialized in the kernel."""
-    where = f" at {init_site}" if init_site else ""
+    # init_site is a place ("train.py:12", "cell In[3], line 2") or, for the driver below torch, a
+    # phrase of its own ("by a library below torch: ...").
+    where = "" if not init_site else (f" {init_site}" if init_site.startswith("by ") else f" at {init_site}")
     if requested == "fork":
         if cuda_initialized:
             raise LaunchConfigError(
@@ -177,6 +197,7 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     per_machine = processes_per_machine(v, len(gpu_ids))
     backend = choose_backend(v["backend"], per_machine, gpu_ids, use_cpu)
     method, reason = choose_start_method(v["start_method"], cuda_initialized, init_site)
+    backend_reason = explain_backend(v["backend"], backend, per_machine, gpu_ids, use_cpu)
 
     env = {str(k): str(x) for k, x in v["env"].items()}
     env.update(accelerate_env(v, use_cpu))
@@ -211,13 +232,14 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
         log_dir=v["log_dir"],
         base_env=env,
         engine="elastic" if machines > 1 else "local",
-        notices=(reason,) if method == "spawn" and reason.startswith("nblaunch:") else (),
+        notices=tuple(line for line in (reason, backend_reason) if line.startswith("nblaunch:")),
         processes_per_machine=per_machine,
         num_machines=machines,
         machine_rank=v["machine_rank"],
         main_process_ip=v["main_process_ip"],
         rdzv_port=v["main_process_port"] or DEFAULT_PORT,
         rdzv_backend=v["rdzv_backend"],
+        backend_reason=backend_reason,
     )
 
 

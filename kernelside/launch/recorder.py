@@ -46,6 +46,7 @@ class RunRecorder:
         tails=None,
         peer_hint: str | None = None,
         t_call: float | None = None,
+        gpu=None,
     ):
         self.report = report
         self.clock = clock
@@ -56,6 +57,7 @@ class RunRecorder:
         self.tails = tails if tails is not None else router  # tail(rank) for the failure message
         self.peer_hint = peer_hint
         self._stop = stop
+        self.gpu = gpu  # per-rank GPU memory/utilization (launch.gpu_usage); None without GPUs to watch
         self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
         self.stop_reason: str | None = None
         self.results: list[bytes | None] = [None] * report.world_size
@@ -86,6 +88,8 @@ class RunRecorder:
         elif kind == "done":
             if rr is not None:
                 rr.done_s = self._since(payload)
+            if self.gpu is not None:
+                self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
         elif kind == "result":
             self.results[rank] = payload
         elif kind == "metrics":
@@ -164,6 +168,8 @@ class RunRecorder:
             self.router.flush_stale()
         if self.display is not None:
             self.display.tick()
+        if self.gpu is not None:
+            self.gpu.tick(self.report.ranks, time.monotonic())
 
     # -- the outcome ----------------------------------------------------------------------
     def close(self) -> None:

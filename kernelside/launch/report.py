@@ -90,6 +90,10 @@ class RankReport:
     done_s: float | None = None  # ... until the launched code returned on this rank
     ended_s: float | None = None
     status: ExitStatus | None = None
+    # Sampled through nvidia-ml-py (kernelside/gpu_usage.py) while the rank ran; None without NVML or GPU.
+    gpu_index: int | None = None  # the kernel's CUDA index of the GPU where the rank held most memory
+    gpu_memory_bytes: int | None = None  # the most device memory the rank and its children held in a sample
+    gpu_util_percent: float | None = None  # mean utilization over the samples (the process's, else its GPU's)
 
     @property
     def exit(self) -> str:
@@ -134,11 +138,17 @@ class LaunchReport:
         return min(pool, key=lambda f: f.t)
 
     def _repr_markdown_(self) -> str:
+        gpu = any(r.gpu_index is not None for r in self.ranks)  # GPU columns only when NVML gave figures
         rows = ["| rank | pid | ready (s) | ended (s) | exit | log |", "|---|---|---|---|---|---|"]
+        if gpu:
+            rows = [rows[0] + " GPU | GPU memory (MiB) | GPU util (%) |", rows[1] + "---|---|---|"]
         for r in self.ranks:
             ready = f"{r.ready_s:.2f}" if r.ready_s is not None else "-"
             ended = f"{r.ended_s:.2f}" if r.ended_s is not None else "-"
-            rows.append(f"| {r.rank} | {r.pid} | {ready} | {ended} | {r.exit} | `{r.log_path}` |")
+            row = f"| {r.rank} | {r.pid} | {ready} | {ended} | {r.exit} | `{r.log_path}` |"
+            if gpu:
+                row += " " + " | ".join(_or_dash(v) for v in _gpu_cells(r)) + " |"
+            rows.append(row)
         head = (
             f"**nblaunch run: {self.outcome}** — {self.world_size} ranks, {self.backend}, {self.start_method}, "
             f"start-up {self.startup_s or 0:.2f}s, wall {self.wall_s or 0:.2f}s, logs in `{self.log_dir}`"
@@ -153,6 +163,15 @@ class LaunchReport:
         ]
         lines += [f"  rank {r.rank}: pid {r.pid}, {r.exit}, log {r.log_path}" for r in self.ranks]
         return "\n".join(lines)
+
+
+def _gpu_cells(r: RankReport) -> tuple:
+    mib = None if r.gpu_memory_bytes is None else f"{r.gpu_memory_bytes / 2**20:.0f}"
+    return (r.gpu_index, mib, r.gpu_util_percent)
+
+
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
