@@ -237,8 +237,9 @@ class RunDisplay:
             else:
                 counts["starting"] += 1
         parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
+        live = f" {html.escape(rep.session)}:" if rep.session else ""
         self.status.value = (
-            f"<b>nblaunch</b>{' ' + html.escape(rep.session) + ':' if rep.session else ''} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
+            f"<b>nblaunch</b>{live} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
             f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
             f"<code>{html.escape(rep.log_dir)}</code>"
         )

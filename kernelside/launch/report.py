@@ -141,8 +141,9 @@ class LaunchReport:
             ready = f"{r.ready_s:.2f}" if r.ready_s is not None else "-"
             ended = f"{r.ended_s:.2f}" if r.ended_s is not None else "-"
             rows.append(f"| {r.rank} | {r.pid} | {ready} | {ended} | {r.exit} | `{r.log_path}` |")
+        live = f" ({self.session})" if self.session else ""
         head = (
-            f"**nblaunch run: {self.outcome}**{' (' + self.session + ')' if self.session else ''} — {self.world_size} ranks, {self.backend}, {self.start_method}, "
+            f"**nblaunch run: {self.outcome}**{live} — {self.world_size} ranks, {self.backend}, {self.start_method}, "
             f"start-up {self.startup_s or 0:.2f}s, wall {self.wall_s or 0:.2f}s, logs in `{self.log_dir}`"
         )
         return head + "\n\n" + "\n".join(rows)

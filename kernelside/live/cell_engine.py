@@ -22,8 +22,10 @@ import signal
 import time
 
 from ..engines.local_loop import EventLoop
+from ..errors import CellInterrupted
 
 SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
+RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
 
 
@@ -41,7 +43,8 @@ class LiveRunEngine:
         self.render = session.render
         self.port = session.world.port
         self.t_call = time.monotonic()
-        self.signalled = False
+        self.signalled_at: float | None = None
+        self.recorder = None
         self.restart_reason: str | None = None
 
     # -- the engine interface --------------------------------------------------------------
@@ -52,17 +55,20 @@ class LiveRunEngine:
         workers = self.session.world.group.workers
         recorder.add_ranks((w.rank, w.pid) for w in workers if w.rank in self.ranks)
         recorder.report.session = self.label
+        self.recorder = recorder
         if self.blob is not None:
             self.session.send(self.ranks, self.blob)
             self.blob = None  # the kernel keeps no copy of what it sent
 
     def stop(self) -> None:
-        """The first failure (or Ctrl-C, or the timeout): KeyboardInterrupt in every taking part rank, once."""
-        if self.signalled:
-            return
-        self.signalled = True
+        """The first failure (or Ctrl-C, or the timeout): KeyboardInterrupt in every rank still running it."""
+        if self.signalled_at is None:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        self.signalled_at = time.monotonic()
         for w in self.session.world.group.workers:
-            if w.rank in self.ranks and w.status is None:
+            if w.rank in self.ranks and w.status is None and not self._back(w.rank):
                 try:
                     os.killpg(w.pid, signal.SIGINT)
                 except (ProcessLookupError, PermissionError):
@@ -77,7 +83,8 @@ class LiveRunEngine:
                 self._loop(recorder, timeout=None, give_up_at=time.monotonic() + SETTLE_S)
             except KeyboardInterrupt:
                 pass  # a second Ctrl-C: no more waiting, the restart below
-            raise
+            back = "every rank stopped the cell and kept its state" if self._all_back(recorder) else ""
+            raise CellInterrupted(back or "the cell was interrupted") from None
 
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so."""
@@ -89,6 +96,7 @@ class LiveRunEngine:
         message = f"nblaunch: {reason}; {RESTARTED}."
         if recorder.report.outcome == "interrupted":
             self.session.err.write(message + "\n")
+            self.session.err.flush()
             recorder.report.notes.append(message)
         elif not recorder.report.failures:
             recorder.engine_failed(f"{reason}; {RESTARTED}.")
@@ -107,18 +115,26 @@ class LiveRunEngine:
             readers=self.session.readers,
         ).run()
 
+    def _back(self, rank: int) -> bool:
+        return self.recorder is not None and self.recorder.idle.get(rank, {}).get("cell") == self.req_id
+
     def _all_back(self, recorder) -> bool:
-        for w in self.session.world.group.workers:
-            if w.rank in self.ranks and w.status is None and recorder.idle.get(w.rank, {}).get("cell") != self.req_id:
-                return False
-        return True
+        """The loop's end condition; while stopping, it also repeats the interrupt for ranks not back yet."""
+        back = all(
+            self._back(w.rank) for w in self.session.world.group.workers if w.rank in self.ranks and w.status is None
+        )
+        if not back and self.signalled_at is not None and time.monotonic() - self.signalled_at >= RESIGNAL_S:
+            self._interrupt()
+        return back
 
     def _broken(self, recorder) -> str | None:
         workers = self.session.world.group.workers
         dead = [w for w in workers if self.session.world.group.poll(w) is not None]
         if dead:
             return "; ".join(f"rank {w.rank} (pid {w.pid}) ended: {w.status.describe()}" for w in dead)
-        stuck = [w.rank for w in workers if w.rank in self.ranks and recorder.idle.get(w.rank, {}).get("cell") != self.req_id]
+        stuck = [
+            w.rank for w in workers if w.rank in self.ranks and recorder.idle.get(w.rank, {}).get("cell") != self.req_id
+        ]
         if stuck:
             names = ", ".join(map(str, stuck))
             return (

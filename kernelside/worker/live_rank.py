@@ -6,8 +6,10 @@ its function (``lifecycle.run_work``: the same ``done`` / ``result`` / ``error``
 rank sends ``idle`` with the request's id, its process group's collective count (``seq``: the
 kernel compares them to see a world out of step) and its memory. Between requests the rank is idle.
 
-SIGINT raises ``KeyboardInterrupt`` only while user code runs: an interrupt that arrives as the
-rank goes idle is dropped instead of breaking the request loop.
+SIGINT raises ``KeyboardInterrupt`` only while user code runs. One that arrives between reading a
+request and starting its code is kept and raised as the code starts (the kernel stops a request as
+soon as a peer fails, which can be before this rank began it); one that arrives while the rank
+waits for the next request was meant for the one before and is dropped.
 
 Functions the kernel defines after the session started are rebuilt here with this rank's
 namespace as their globals (``rebuild_function``), so they see the names the cells assigned.
@@ -28,7 +30,7 @@ from ..channel import read_frame
 from . import context
 from .lifecycle import RankEnd, error_payload, run_work, stamp, start_rank
 
-_state = {"busy": False, "namespace": None}
+_state = {"busy": False, "pending": False, "namespace": None}
 
 
 def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, fdict):
@@ -43,6 +45,7 @@ def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, f
 def _on_sigint(signum, frame):
     if _state["busy"]:
         raise KeyboardInterrupt
+    _state["pending"] = True
 
 
 def _collectives_seq() -> int | None:
@@ -78,6 +81,7 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict) -> RankEnd:
         _state["busy"] = False
         req = None
         body = read_frame(requests_fd)
+        _state["pending"] = False  # an interrupt that came while waiting was for the request before
         if body is None:
             return RankEnd(0)
         try:
@@ -114,6 +118,9 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
 
     def work():
         _state["busy"] = True
+        if _state["pending"]:
+            _state["pending"] = False
+            raise KeyboardInterrupt
         try:
             return fn(*args, **kwargs)
         finally:
