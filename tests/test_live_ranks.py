@@ -270,3 +270,48 @@ def test_spawn_started_session_keeps_state_and_gets_kernel_functions():
         assert k.run("%%distributed\nacc").ok().result["text/plain"] == "2"
     finally:
         k.shutdown()
+
+
+def test_function_form_runs_keeps_state_and_stops_as_a_context_manager():
+    k = Kernel()
+    try:
+        k.run("import kernelside, os").ok()
+        k.run(
+            "def load():\n    global weights\n    weights = [rank] * 3\n"
+            "def total(extra):\n    return sum(weights) + extra + bonus\nbonus = 100"
+        ).ok()
+        cell = k.run(
+            "with kernelside.start(num_processes=2) as ranks:\n    ranks.run(load)\n"
+            "    one = ranks.run(total, args=(1,))\n    every = ranks.run(total, args=(1,), return_all=True)\n"
+            "    ranks.push(bonus=0)\n    after_push = ranks.run(total, args=(1,))\n"
+            "    pids = [r['pid'] for r in ranks.status()]\nprint(one, every, after_push)"
+        ).ok()
+        assert cell.stdout.strip() == "101 [101, 104] 1"
+        pids = json.loads(k.run("import json\nprint(json.dumps(pids))").ok().stdout)
+        _nothing_left(pids)
+    finally:
+        k.shutdown()
+
+
+def test_200_cell_soak_keeps_fds_threads_and_memory_flat():
+    k = Kernel()
+    probe = KERNEL_FDS.replace(
+        "print(len(_our_fds()))",
+        "import threading, psutil, json\nfrom kernelside.live.session import current\n"
+        "print(json.dumps({'fds': len(_our_fds()), 'threads': threading.active_count(), "
+        "'rss': psutil.Process().memory_info().rss, 'ranks': [r['rss'] for r in current().status()]}))",
+    )
+    try:
+        k.run("%load_ext kernelside\n%distributed_start -n 2").ok()
+        for _ in range(20):  # warm: first-use allocations (caches, widgets) are not growth
+            k.run("%%distributed\nx = [rank] * 1000\nlen(x)").ok()
+        first = json.loads(k.run(probe).ok().stdout)
+        for i in range(200):
+            k.run(f"%%distributed\nx = [rank] * 1000\nlen(x) + {i}").ok()
+        last = json.loads(k.run(probe).ok().stdout)
+        print("soak first", first, "last", last)
+        assert last["fds"] == first["fds"] and last["threads"] == first["threads"]
+        assert last["rss"] - first["rss"] < 20 * 2**20
+        assert all(b - a < 20 * 2**20 for a, b in zip(first["ranks"], last["ranks"], strict=True))
+    finally:
+        k.shutdown()

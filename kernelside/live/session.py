@@ -177,17 +177,21 @@ class LiveSession:
         values = self.names.collect(used, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
-    def push(self, names) -> list[str]:
-        """Send these kernel values to every rank, as they are now (even if unchanged); the names sent."""
+    def push(self, names, source: dict | None = None) -> list[str]:
+        """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
-        ns = kernel_namespace()
+        ns = kernel_namespace() if source is None else source
         missing = [n for n in names if n not in ns]
         if missing:
             raise LaunchConfigError(
                 "%distributed_push", ",".join(missing), None, message=f"not defined in the notebook: {missing}"
             )
         values = self.names.collect(names, ns, force=True)
-        self._request(None, (), {}, values, (), (), None, None, None, None)
+        owned = ()
+        if source is not None:  # values given by the caller, not the notebook's: from now on the ranks' own
+            values = {k: (blob, ("pushed",), None) for k, (blob, _key, _ref) in values.items()}
+            owned = tuple(values)
+        self._request(None, (), {}, values, owned, (), None, None, None, None)
         return sorted(values)
 
     def _ensure_world(self) -> None:

@@ -74,6 +74,11 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict) -> RankEnd:
     failed = start_rank(spec, events, [namespace])
     if failed is not None:
         return failed
+    import torch
+
+    # what every rank defines for the code it runs, cells and functions alike (DESIGN.md's contract)
+    namespace.update(rank=spec.rank, local_rank=spec.local_rank, world_size=spec.world_size)
+    namespace["device"] = torch.device(spec.device)
     events.send("ready", {**stamp(), "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_sigint)
     _idle(events, 0)
