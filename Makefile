@@ -1,5 +1,5 @@
 # The README's commands. Each one sets up what it needs by itself on a fresh machine.
-#   make demo  - run notebooks/quickstart.ipynb headless on 2 CPU workers
+#   make demo  - run notebooks/quickstart.ipynb and live_ranks.ipynb headless on 2 CPU workers
 #   make lab   - start JupyterLab on 127.0.0.1 with nblaunch installed
 #   make test  - lint and run the whole test suite
 #   make test-gpu   - the GPU test kit (tests/gpu/); refuses at once without a CUDA GPU
@@ -59,6 +59,7 @@ frontend-test: frontend
 
 demo: venv
 	$(PY) notebooks/execute.py notebooks/quickstart.ipynb
+	$(PY) notebooks/execute.py notebooks/live_ranks.ipynb
 
 lab: venv frontend
 	cd notebooks && ../$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ARGS)

@@ -45,7 +45,19 @@ __all__ = [
     "WorkerError",
     "load_ipython_extension",
     "worker_context",
+    "start",
 ]
+
+
+def start(num_processes=None, **options):
+    """Start live ranks that stay up across calls; ``ranks.run(fn, args=...)`` returns rank 0's value.
+
+    >>> with start(num_processes=2) as ranks:       # doctest: +SKIP
+    ...     ranks.run(train, args=(cfg,))
+    """
+    from .live.ranks import start as start_live
+
+    return start_live(num_processes, **options)
 
 
 def worker_context():

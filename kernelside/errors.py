@@ -100,3 +100,12 @@ class LaunchTimeoutError(WorkerError, TimeoutError):
 
 class LaunchStoppedError(WorkerError):
     """The run was stopped from outside the cell (the launch panel's Stop); every rank was stopped."""
+
+
+class CellInterrupted(_ShortTraceback, KeyboardInterrupt):
+    """■ on a live session's cell: a KeyboardInterrupt whose message says what happened to the ranks
+    (IPython shows it at once, instead of formatting the stack of nblaunch's loop)."""
+
+
+# What the notebook shows as the error's name: it is a KeyboardInterrupt, and is caught as one.
+CellInterrupted.__name__ = CellInterrupted.__qualname__ = "KeyboardInterrupt"

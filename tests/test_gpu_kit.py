@@ -13,6 +13,7 @@ import sys
 import time
 
 import pytest
+
 from kernelside.launch.hardware import gpu_count
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

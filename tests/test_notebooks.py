@@ -95,3 +95,13 @@ def test_papermill_runs_a_magic_notebook_with_parameters(tmp_path):
     done = nbformat.read(out, 4)
     # the injected parameter reaches the magic's flags through IPython's $name expansion
     assert done.cells[-1].outputs[0]["text"] == "papermill world 5 5\n"
+
+
+def test_live_ranks_notebook_keeps_the_model_across_cells_and_survives_a_failure(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "live_ranks.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "live session up in" in text and "model built on 2 ranks" in text
+    assert "step 80, loss" in text  # the second training cell went on from the first
+    assert "rank 0 weight norm" in text and "rank 1 weight norm" not in text
+    assert "WorkerError nblaunch: rank 1 failed: ValueError: rank 1 fails on purpose" in text
+    assert "still at step 80" in text and "live session stopped; nothing is left running" in text

@@ -230,13 +230,16 @@ class RunDisplay:
                 counts["failed"] += 1
             elif r.status is not None:
                 counts["done" if r.status.ok else "failed"] += 1
+            elif r.done_s is not None:
+                counts["done"] += 1
             elif r.ready_s is not None:
                 counts["running"] += 1
             else:
                 counts["starting"] += 1
         parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
+        live = f" {html.escape(rep.session)}:" if rep.session else ""
         self.status.value = (
-            f"<b>nblaunch</b> {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
+            f"<b>nblaunch</b>{live} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
             f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
             f"<code>{html.escape(rep.log_dir)}</code>"
         )

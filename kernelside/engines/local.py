@@ -68,8 +68,22 @@ class LocalEngine:
     peer_hint = None
     stop_grace_s = TERMINATE_GRACE_S
 
-    def __init__(self, req, plan, log_dir: str, out, err, *, render: str, spawn_blob: bytes | None = None):
+    def __init__(
+        self,
+        req,
+        plan,
+        log_dir: str,
+        out,
+        err,
+        *,
+        render: str,
+        spawn_blob: bytes | None = None,
+        live_namespace: dict | None = None,
+    ):
+        """``live_namespace``: start live ranks (``worker.live_rank``) that serve requests in this
+        namespace (fork: the kernel's own, inherited; spawn: an empty one) instead of running ``req.fn``."""
         self.req, self.plan, self.log_dir, self.out, self.err = req, plan, log_dir, out, err
+        self.live_namespace = live_namespace
         self.render = render
         # handed over in a box that start() empties: the kernel holds no extra copy of the
         # pickled arguments once the workers have them
@@ -104,12 +118,21 @@ class LocalEngine:
         self.port = self.sock.getsockname()[1]
 
     def start(self, recorder) -> None:
-        work = (self.req.fn, self.req.args, self.req.kwargs)
+        self.start_ranks()
+        recorder.add_ranks((w.rank, w.pid) for w in self.group.workers)
+
+    def start_ranks(self) -> None:
+        """Start the processes and the rendezvous store (a live session restarts its world with this)."""
+        live = self.live_namespace is not None
+        work = self.live_namespace if live else (self.req.fn, self.req.args, self.req.kwargs)
         payloads = [Payload(work=work, spec=s, parent_pid=os.getpid()) for s in self.specs()]
         self.group = WorkerGroup.start(
-            payloads, self.plan.start_method, spawn_blob=self.blob_box.pop(), keep_fds=(self.sock.fileno(),)
+            payloads,
+            self.plan.start_method,
+            spawn_blob=self.blob_box.pop(),
+            keep_fds=(self.sock.fileno(),),
+            live=live,
         )
-        recorder.add_ranks((w.rank, w.pid) for w in self.group.workers)
         self.store = _start_store(self.sock, self.port, self.plan.num_processes)
         self.sock = None
 
@@ -126,5 +149,6 @@ class LocalEngine:
         if self.group is not None:
             self.group.close(grace=grace)
             for w in self.group.workers:
-                recorder.final_status(w.rank, w.status)
+                if recorder is not None:
+                    recorder.final_status(w.rank, w.status)
         self.store = None  # stops the TCPStore server and frees the port

@@ -29,7 +29,8 @@ from ..worker.entry import SPAWN_COMMAND, Payload, enter_forked, spawn_env
 
 @dataclasses.dataclass
 class RankPipes:
-    """Read ends (kernel side) and write ends (worker side) of one rank's three pipes."""
+    """One rank's pipes: the kernel's ends (read_ends) and the worker's (write_ends). A live rank also
+    has a request pipe the other way: the kernel writes ``requests_w``, the worker reads ``requests_r``."""
 
     stdout_r: int
     stdout_w: int
@@ -37,22 +38,29 @@ class RankPipes:
     stderr_w: int
     events_r: int
     events_w: int
+    requests_r: int = -1
+    requests_w: int = -1
 
     @classmethod
-    def create(cls) -> RankPipes:
+    def create(cls, live: bool = False) -> RankPipes:
         from ..channel import widen_pipe
 
         o_r, o_w = os.pipe()
         e_r, e_w = os.pipe()
         v_r, v_w = os.pipe()
         widen_pipe(v_r)
-        return cls(o_r, o_w, e_r, e_w, v_r, v_w)
+        q_r, q_w = os.pipe() if live else (-1, -1)
+        if live:
+            widen_pipe(q_w)
+        return cls(o_r, o_w, e_r, e_w, v_r, v_w, q_r, q_w)
 
-    def write_ends(self) -> tuple[int, int, int]:
-        return self.stdout_w, self.stderr_w, self.events_w
+    def write_ends(self) -> tuple[int, ...]:
+        """The worker's ends (closed in the kernel once the worker has them)."""
+        return (self.stdout_w, self.stderr_w, self.events_w) + ((self.requests_r,) if self.requests_r >= 0 else ())
 
-    def read_ends(self) -> tuple[int, int, int]:
-        return self.stdout_r, self.stderr_r, self.events_r
+    def read_ends(self) -> tuple[int, ...]:
+        """The kernel's ends (closed when the worker is reaped)."""
+        return (self.stdout_r, self.stderr_r, self.events_r) + ((self.requests_w,) if self.requests_w >= 0 else ())
 
 
 @dataclasses.dataclass
@@ -91,11 +99,18 @@ class WorkerGroup:
     # -- start ------------------------------------------------------------------------
     @classmethod
     def start(
-        cls, payloads: list[Payload], method: str, *, spawn_blob: bytes | None = None, keep_fds: tuple[int, ...] = ()
+        cls,
+        payloads: list[Payload],
+        method: str,
+        *,
+        spawn_blob: bytes | None = None,
+        keep_fds: tuple[int, ...] = (),
+        live: bool = False,
     ) -> WorkerGroup:
-        """Start one worker per payload. On any failure, everything started is stopped again."""
+        """Start one worker per payload (``live``: each with a request pipe). On any failure, everything
+        started is stopped again."""
         group = cls()
-        pipes = [RankPipes.create() for _ in payloads]
+        pipes = [RankPipes.create(live) for _ in payloads]
         memfd = None
         try:
             if method == "spawn":
@@ -104,6 +119,7 @@ class WorkerGroup:
             all_launch_fds = [fd for p in pipes for fd in (*p.read_ends(), *p.write_ends())] + list(keep_fds)
             for payload, rp in zip(payloads, pipes, strict=True):
                 payload.events_fd = rp.events_w
+                payload.requests_fd = rp.requests_r
                 if method == "fork":
                     own = set(rp.write_ends())
                     payload.close_fds = tuple(fd for fd in all_launch_fds if fd not in own)
@@ -240,7 +256,7 @@ def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         stdout=rp.stdout_w,
         stderr=rp.stderr_w,
-        pass_fds=(rp.events_w, memfd),
+        pass_fds=(rp.events_w, memfd) + ((rp.requests_r,) if rp.requests_r >= 0 else ()),
         env=env,
         start_new_session=True,
         close_fds=True,

@@ -25,15 +25,29 @@ TERMINATE_GRACE_S = 2.0
 class EventLoop:
     """The kernel loop: pipes and exits of every rank, multiplexed in the calling thread."""
 
-    def __init__(self, group, recorder, *, timeout: float | None, t_call: float):
+    def __init__(
+        self,
+        group,
+        recorder,
+        *,
+        timeout: float | None,
+        t_call: float,
+        until=None,
+        give_up_at: float | None = None,
+        readers: list[EventReader] | None = None,
+    ):
+        """``until()``: the run is over when it returns True though processes still run (a live
+        session's cell: every rank is back to idle); ``give_up_at`` (monotonic): return then at the
+        latest; ``readers``: the ranks' event readers, kept across runs when the processes are."""
         self.group, self.rec = group, recorder
         self.deadline = t_call + timeout if timeout else None
         self.timeout_s = timeout
-        self.readers = [EventReader() for _ in group.workers]
+        self.until, self.give_up_at = until, give_up_at
+        self.readers = readers if readers is not None else [EventReader() for _ in group.workers]
         self.sel = selectors.DefaultSelector()
         for w in group.workers:
             p = w.pipes
-            for fd in p.read_ends():
+            for fd in (p.stdout_r, p.stderr_r, p.events_r):
                 os.set_blocking(fd, False)
             self.sel.register(p.stdout_r, selectors.EVENT_READ, (w, "stdout"))
             self.sel.register(p.stderr_r, selectors.EVENT_READ, (w, "stderr"))
@@ -52,16 +66,18 @@ class EventLoop:
         polling = any(w.pidfd is None for w in self.group.workers)
         while True:
             alive = [w for w in self.group.workers if w.status is None]
-            if not alive:
+            if not alive or (self.until is not None and self.until()):
                 return
             now = time.monotonic()
+            if self.give_up_at is not None and now >= self.give_up_at:
+                return
             stopping = self.rec.stopping_since
             if stopping is not None and now - stopping > TERMINATE_GRACE_S:
                 return  # close() sends SIGKILL to what is left
             if self.deadline is not None and now >= self.deadline and stopping is None:
                 self.rec.timeout(self.timeout_s)
                 continue
-            wait = 0.1
+            wait = 0.1 if self.give_up_at is None else max(0.0, min(0.1, self.give_up_at - now))
             if self.deadline is not None and stopping is None:
                 wait = min(wait, max(0.0, self.deadline - now))
             if polling:

@@ -108,12 +108,17 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         with run_log_dir(plan.log_dir) as log_dir:
             engine = cls(req, plan, log_dir, out, err, render=render_mode(plan.output), spawn_blob=blob)
             blob = None
-            return _run(engine, req, plan, log_dir, out, err)
+            return run_engine(engine, req, plan, log_dir, out, err)
     finally:
         _launch_lock.release()
 
 
-def _run(engine, req: LaunchRequest, plan, log_dir: str, out, err) -> LaunchOutcome:
+def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err) -> LaunchOutcome:
+    """One run of the kernel loop on ``engine``: report, output routing, widgets, recorder, outcome.
+
+    ``launch()`` runs each launch through it; a live session runs each cell through it
+    (``live.cell_engine``), so both share every output, failure and interrupt rule.
+    """
     engine.prepare()
     report = LaunchReport(
         world_size=plan.num_processes,

@@ -61,6 +61,8 @@ class RunRecorder:
         self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
         self.stop_reason: str | None = None
         self.results: list[bytes | None] = [None] * report.world_size
+        self.idle: dict[int, dict] = {}  # a live rank's last ``idle`` event (it is back waiting for requests)
+        self.notes: list[str] = []  # what the engine did about the failure (a live session restarted, say)
         report.clock = clock
 
     # -- what the engine tells ------------------------------------------------------------
@@ -77,8 +79,10 @@ class RunRecorder:
         self.router.feed(rank, stream, data)
 
     def event(self, rank: int, kind: str, payload) -> None:
-        """One worker event: ``ready``, ``done``, ``progress``, ``metrics``, ``result`` or ``error``."""
+        """One worker event: ``ready``, ``done``, ``progress``, ``metrics``, ``result``, ``error`` or ``idle``."""
         rr = self._rank(rank)
+        if kind == "error" and self.stopping and payload.get("type") == "KeyboardInterrupt":
+            kind = "stopped"  # the interrupt we sent to stop this rank (a live session's), not a failure of its own
         if kind == "ready":
             if rr is not None:
                 rr.pid = payload.get("pid", rr.pid)
@@ -96,6 +100,8 @@ class RunRecorder:
             self.report.metrics.extend(payload)
         elif kind == "error":
             self._fail(Failure.from_error(rank, payload, self.clock))
+        elif kind == "idle":
+            self.idle[rank] = payload
         self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
         if self.display is not None and kind in ("progress", "metrics"):
             self.display.on_event(rank, kind, payload)
@@ -161,6 +167,17 @@ class RunRecorder:
 
     def interrupted(self) -> None:
         self.report.outcome = "interrupted"
+
+    def stop_for_interrupt(self) -> None:
+        """Ctrl-C where the engine must still bring the ranks back (a live session): stop them all now."""
+        self.report.outcome = "interrupted"
+        if not self.stopping:
+            self._begin_stop()
+
+    def note(self, text: str) -> None:
+        """A line the engine adds to the run's error: what it did about the failure."""
+        self.notes.append(text)
+        self.report.notes.append(text)
 
     def tick(self) -> None:
         """Housekeeping between observations: partial lines, throttled widget redraws."""
@@ -240,6 +257,8 @@ class RunRecorder:
         message = format_failure_message(rep, root, self.tails)
         if self.peer_hint and root.caused_by_peer:
             message += "\n" + self.peer_hint
+        if self.notes:
+            message += "\n" + "\n".join(self.notes)
         cls = LaunchTimeoutError if rep.outcome == "timeout" else WorkerError
         return cls(message, rank=root.rank, failures=rep.failures, report=rep)
 

@@ -119,6 +119,8 @@ class LaunchReport:
     engine: str = "local"
     return_all: bool = False  # every rank sends its value (else rank 0 only)
     clock: str = "monotonic"  # the clock of Failure.t: "monotonic" on one machine, "wall" across machines
+    session: str = ""  # a live session's run: "live session, cell 3" (shown in the status line)
+    notes: list[str] = dataclasses.field(default_factory=list)  # what the engine did after a failure
 
     def metrics_frame(self):
         """The metrics history as a pandas DataFrame (pandas must be installed)."""
@@ -149,8 +151,9 @@ class LaunchReport:
             if gpu:
                 row += " " + " | ".join(_or_dash(v) for v in _gpu_cells(r)) + " |"
             rows.append(row)
+        live = f" ({self.session})" if self.session else ""
         head = (
-            f"**nblaunch run: {self.outcome}** — {self.world_size} ranks, {self.backend}, {self.start_method}, "
+            f"**nblaunch run: {self.outcome}**{live} — {self.world_size} ranks, {self.backend}, {self.start_method}, "
             f"start-up {self.startup_s or 0:.2f}s, wall {self.wall_s or 0:.2f}s, logs in `{self.log_dir}`"
         )
         return head + "\n\n" + "\n".join(rows)

@@ -26,8 +26,10 @@ from ..errors import LaunchConfigError
 from ..launch import hardware
 from ..launch.engine import last_report, launch, plan_for
 from ..launch.request import LaunchRequest
+from ..live import session as live_session
 from .cell import prepare_cell, ship_namespace
 from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
+from .live_magics import flag_arguments, run_live_cell
 
 
 def _names(spec: str | None) -> tuple[str, ...]:
@@ -81,6 +83,12 @@ class DistributedMagics(Magics):
     @argument("--config", default=None, metavar="PATH", help="nblaunch.yaml to use instead of the one found.")
     @argument("--port", type=int, default=None, help="Rendezvous port (a free one is used if it is taken).")
     @argument("--engine", default=None, help="local | ray (Ray Train on the cluster at ray_address).")
+    @argument(
+        "--ranks",
+        default=None,
+        metavar="RANKS|all",
+        help="Live session only: run the cell on these ranks, e.g. 0 or 0,2 (default all).",
+    )
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell on N workers with torch.distributed set up; rank 0's output streams here.
@@ -88,11 +96,32 @@ class DistributedMagics(Magics):
         Inside the cell: the notebook's names plus ``rank``, ``local_rank``, ``world_size`` and
         ``device``. The last expression (on rank 0) is the cell's result; ``--return`` names are
         assigned in the notebook afterwards.
+
+        Live ranks: after ``%distributed_start -n 4`` (same flags as here), every ``%%distributed``
+        cell runs on the same ranks, which keep their state: names a cell assigns stay on the ranks
+        for later cells; other names come from the notebook's current value (sent only when changed).
+        Per cell, --return, --return-from, --output, --progress, --timeout and --ranks apply; a flag
+        that contradicts the session (-n 8 on a 4-rank session) is an error. A failure or ■ stops the
+        cell on every rank; ranks that come back keep their state, and a rank stuck in a collective
+        means the session is restarted (said so in the error). ``%distributed_status``,
+        ``%distributed_push NAMES``, ``%distributed_restart``, ``%distributed_stop``. Without a live
+        session, each cell starts and ends its own workers.
         """
         args = parse_argstring(self.distributed, line)
         return_names = _names(args.return_names)
         return_from = _return_from(args.return_from)
         shell = self.shell
+        session = live_session.current()
+        if session is not None:
+            results, ranks, return_from = run_live_cell(shell, session, args, cell, return_names, return_from)
+            return _bring_back(shell, results, return_names, return_from, ranks)
+        if args.ranks is not None:
+            raise LaunchConfigError(
+                "--ranks",
+                args.ranks,
+                None,
+                message="--ranks needs a live session (%distributed_start): a one-shot cell runs on every rank.",
+            )
         program = prepare_cell(
             cell, cell_label=f"In[{shell.execution_count}]", line_offset=1, return_names=return_names
         )
@@ -108,40 +137,12 @@ class DistributedMagics(Magics):
             program.namespace = shell.user_ns if plan.start_method == "fork" else ship_namespace(program, shell.user_ns)
             return program
 
-        arguments = config_arguments(
-            num_processes=args.num_processes,
-            backend=args.backend,
-            start_method=args.start_method,
-            mixed_precision=args.mixed_precision,
-            gpu_ids=args.gpu_ids,
-            output=args.output,
-            progress=args.progress,
-            timeout=args.timeout,
-            port=args.port,
-            engine=args.engine,
-        )
+        arguments = flag_arguments(args, engine=args.engine)
         remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
         outcome = launch(req)
         results = outcome.values if req.return_all else [outcome.value]
-        chosen = results[0] if return_from in (0, "all") else results[return_from]
-        missing = chosen["missing"]
-        if missing:
-            rank = 0 if return_from == "all" else return_from
-            raise LaunchConfigError(
-                "--return",
-                ",".join(missing),
-                None,
-                message=f"--return: rank {rank} did not define {', '.join(repr(m) for m in missing)}. Names that "
-                f"exist after the cell: {', '.join(chosen['available']) or '(none)'}. The other names were "
-                "not assigned either.",
-            )
-        if return_from == "all":
-            for name in return_names:
-                shell.user_ns[name] = [r["returned"][name] for r in results]
-        else:
-            shell.user_ns.update(chosen["returned"])
-        return results[0]["last"]
+        return _bring_back(shell, results, return_names, return_from, tuple(range(len(results))))
 
     @magic_arguments()
     @argument("path", metavar="NAME.py", help="The script to write (data the code uses goes to NAME.data.pkl).")
@@ -192,6 +193,11 @@ class DistributedMagics(Magics):
     def distributed_config(self, line):
         """Show the configuration the next launch would use, where each value comes from, and the plan."""
         path = line.strip() or None
+        session = live_session.current()
+        if session is not None:
+            print(f"live session: {session.describe()} (cells run on it; %distributed_status for its ranks)")
+        else:
+            print("live session: none (each %%distributed cell starts its own workers; %distributed_start for one)")
         cfg = resolve_config({}, config=path)
         gpus = hardware.gpu_count()
         out = [f"config file: {cfg.path or '(none found; using defaults)'}"]
@@ -221,6 +227,29 @@ class DistributedMagics(Magics):
         return report
 
 
+def _bring_back(shell, results: list, return_names, return_from, ranks: tuple[int, ...]):
+    """Assign the --return names in the notebook; the cell's result (its first rank's last expression)."""
+    first = ranks[0]
+    chosen = results[first] if return_from == "all" else results[return_from]
+    missing = chosen["missing"]
+    if missing:
+        rank = first if return_from == "all" else return_from
+        raise LaunchConfigError(
+            "--return",
+            ",".join(missing),
+            None,
+            message=f"--return: rank {rank} did not define {', '.join(repr(m) for m in missing)}. Names that "
+            f"exist after the cell: {', '.join(chosen['available']) or '(none)'}. The other names were "
+            "not assigned either.",
+        )
+    if return_from == "all":
+        for name in return_names:
+            shell.user_ns[name] = [results[r]["returned"][name] for r in ranks]
+    else:
+        shell.user_ns.update(chosen["returned"])
+    return results[first]["last"]
+
+
 # A misspelt or shortened flag is an error, never silently taken for another flag.
 DistributedMagics.distributed.parser.allow_abbrev = False
 DistributedMagics.distributed_export.parser.allow_abbrev = False
@@ -233,4 +262,7 @@ def _cpu_count() -> int:
 
 
 def register(ipython) -> None:
+    from .live_magics import register as register_live
+
     ipython.register_magics(DistributedMagics)
+    register_live(ipython)

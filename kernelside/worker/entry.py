@@ -32,6 +32,7 @@ PAYLOAD_FD_ENV = "NBLAUNCH_PAYLOAD_FD"
 EVENTS_FD_ENV = "NBLAUNCH_EVENTS_FD"
 PARENT_ENV = "NBLAUNCH_PARENT_PID"
 SYS_PATH_ENV = "NBLAUNCH_SYS_PATH"
+REQUESTS_FD_ENV = "NBLAUNCH_REQUESTS_FD"
 
 # -c rather than -m: under -m this file would run as __main__, a second copy of the module.
 SPAWN_COMMAND = "from kernelside.worker.entry import spawned_main; spawned_main()"
@@ -46,6 +47,7 @@ class Payload:
     parent_pid: int
     events_fd: int = -1
     close_fds: tuple = ()  # (fork only) launch fds that belong to other ranks or to the kernel
+    requests_fd: int = -1  # a live rank's kernel → rank request pipe (work is then its namespace, or None)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -57,7 +59,13 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _run_and_exit(p: Payload) -> None:
-    end = run_rank(p.spec, p.work, EventWriter(p.events_fd))
+    if p.requests_fd >= 0:
+        from .live_rank import serve_requests
+
+        namespace = p.work if isinstance(p.work, dict) else {}
+        end = serve_requests(p.spec, EventWriter(p.events_fd), p.requests_fd, namespace)
+    else:
+        end = run_rank(p.spec, p.work, EventWriter(p.events_fd))
     destroy_process_group_after(end, p.spec)
     flush_all()
     os._exit(end.code)
@@ -94,6 +102,7 @@ def spawn_env(p: Payload, memfd: int) -> dict:
         EVENTS_FD_ENV: str(p.events_fd),
         PAYLOAD_FD_ENV: str(memfd),
         SYS_PATH_ENV: json.dumps([e for e in sys.path if e]),
+        REQUESTS_FD_ENV: str(p.requests_fd),
     }
 
 
@@ -120,4 +129,5 @@ def spawned_main() -> None:
     enable_faulthandler()
     spec = RankSpec(**json.loads(env[SPEC_ENV]))
     spec.env = {}  # already in this process's environment
-    _run_and_exit(Payload(work=work, spec=spec, parent_pid=parent, events_fd=events_fd))
+    requests_fd = int(env.get(REQUESTS_FD_ENV, "-1"))
+    _run_and_exit(Payload(work=work, spec=spec, parent_pid=parent, events_fd=events_fd, requests_fd=requests_fd))

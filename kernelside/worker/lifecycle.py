@@ -129,9 +129,21 @@ def _patch_init_process_group(namespaces) -> None:
 
 def run_rank(spec: RankSpec, work, events) -> RankEnd:
     """Run ``work`` = (fn, args, kwargs) as rank ``spec.rank``; every outcome is also sent as an event."""
+    fn, args, kwargs = work
+    failed = start_rank(spec, events, [getattr(fn, "__globals__", {})])
+    if failed is not None:
+        return failed
+    events.send("ready", {**stamp(), "pid": os.getpid()})
+    return run_work(spec, fn, args, kwargs, events)
+
+
+def start_rank(spec: RankSpec, events, namespaces=()) -> RankEnd | None:
+    """Set the rank up once (environment, context, process group, progress bars); a RankEnd if that failed.
+
+    A live rank (``worker.live_rank``) calls this once and then ``run_work`` for every cell.
+    """
     import sys
 
-    fn, args, kwargs = work
     phase = "startup"
     try:
         os.environ.update(spec.env)
@@ -154,10 +166,18 @@ def run_rank(spec: RankSpec, work, events) -> RankEnd:
             phase = "init_process_group"
             _init_process_group(spec)
         main = sys.modules.get("__main__")
-        _patch_init_process_group([getattr(fn, "__globals__", {})] + ([vars(main)] if main is not None else []))
+        _patch_init_process_group(list(namespaces) + ([vars(main)] if main is not None else []))
         progress.install_in_worker()
-        events.send("ready", {**stamp(), "pid": os.getpid()})
-        phase = "run"
+        return None
+    except BaseException as e:  # noqa: B036 - every failure must reach the kernel
+        _report(events, e, phase)
+        return RankEnd(1, e)
+
+
+def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
+    """Run one piece of user code on a set-up rank: ``done`` and the result, or the error, as events."""
+    phase = "run"
+    try:
         value = fn(*args, **kwargs)
         progress.finish_in_worker()
         events.send("done", stamp())
