@@ -28,7 +28,7 @@ import time
 
 import cloudpickle
 
-from . import cuda_guard, hardware
+from . import cuda_guard, hardware, rank_identity
 from .config import resolve_config
 from .errors import LaunchConfigError, LaunchError, LaunchTimeoutError, WorkerError
 from .event_loop import TERMINATE_GRACE_S, EventLoop
@@ -174,6 +174,7 @@ def _check_picklable(req: LaunchRequest) -> bytes:
 
 def launch(req: LaunchRequest) -> LaunchOutcome:
     """Run ``req.fn`` on every rank; return rank 0's value (and all values with ``return_all``)."""
+    rank_identity.refuse_nested_launch()  # inside a rank: say so, not "another launch is running"
     if not callable(req.fn):
         raise LaunchConfigError("function", req.fn, "a callable (a function defined in the notebook, say)")
     out = req.stdout or sys.stdout

@@ -15,6 +15,7 @@ import signal
 import time
 from typing import TYPE_CHECKING
 
+from . import notebook_bridge, rank_departure
 from .channel import EventReader
 from .report import Failure
 
@@ -58,12 +59,17 @@ class EventLoop:
             self.sel.register(p.events_r, selectors.EVENT_READ, (w, "events"))
             if w.pidfd is not None:
                 self.sel.register(w.pidfd, selectors.EVENT_READ, (w, "exit"))
+        # rank 0's display() and input() reach the notebook, in order with its text
+        self.bridge = notebook_bridge.NotebookBridge(self)
+        self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
 
     def run(self) -> None:
         try:
             self._loop()
         finally:
             self._drain_all()
+            rank_departure.blame_departures(self.report)  # a rank's own sys.exit(0) behind peers' errors
+            self.bridge.close()
             self.sel.close()
 
     def _loop(self) -> None:
@@ -88,7 +94,9 @@ class EventLoop:
                 if key.fd not in self.sel.get_map():
                     continue  # drained and unregistered by an earlier key of this same batch
                 w, kind = key.data
-                if kind == "exit":
+                if kind == "stdin":
+                    self.bridge.on_wake()
+                elif kind == "exit":
                     self._on_exit(w)
                 else:
                     self._read(w, kind, key.fd)
@@ -97,6 +105,7 @@ class EventLoop:
                     if w.status is None and self.group.poll(w) is not None:
                         self._on_exit(w)
             self.router.flush_stale()
+            self.bridge.tick()
             if self.display is not None:
                 self.display.tick()
 
@@ -114,8 +123,14 @@ class EventLoop:
             for ev_kind, payload in self.readers[w.rank].feed(data):
                 self._on_event(w, ev_kind, payload)
         else:
-            self.router.feed(w.rank, kind, data)
+            self.bridge.text(w, kind, data)
         return True
+
+    def read_pending_events(self, w) -> None:
+        """Read and handle every event the worker has sent so far (the bridge orders text by them)."""
+        fd = w.pipes.events_r
+        while fd in self.sel.get_map() and self._read(w, "events", fd):
+            pass
 
     def _drain(self, w) -> None:
         """Everything a finished worker wrote is in its pipes already: read it before judging its exit."""
@@ -180,6 +195,10 @@ class EventLoop:
             self.results[w.rank] = payload
         elif kind == "metrics":
             self.report.metrics.extend(payload)
+        elif kind in notebook_bridge.EVENT_KINDS:
+            self.bridge.on_event(w, kind, payload)
+        elif kind == "left":
+            rank_departure.record(self.report, w.rank, payload)
         elif kind == "error":
             if self.stopping_since is None:
                 # A rank that already ended did so before this error was raised (a peer's crash is

@@ -60,7 +60,9 @@ def signal_name(signum: int) -> str:
 
 @dataclasses.dataclass
 class RankPipes:
-    """Read ends (kernel side) and write ends (worker side) of one rank's three pipes."""
+    """One rank's four pipes: stdout, stderr and events (worker → kernel), and replies (kernel → worker:
+    the answers to rank 0's input prompts). ``write_ends()`` are the ends the worker keeps,
+    ``read_ends()`` the ends the kernel keeps (for replies, the other way round)."""
 
     stdout_r: int
     stdout_w: int
@@ -68,6 +70,8 @@ class RankPipes:
     stderr_w: int
     events_r: int
     events_w: int
+    replies_r: int
+    replies_w: int
 
     @classmethod
     def create(cls) -> RankPipes:
@@ -76,14 +80,15 @@ class RankPipes:
         o_r, o_w = os.pipe()
         e_r, e_w = os.pipe()
         v_r, v_w = os.pipe()
+        q_r, q_w = os.pipe()
         widen_pipe(v_r)
-        return cls(o_r, o_w, e_r, e_w, v_r, v_w)
+        return cls(o_r, o_w, e_r, e_w, v_r, v_w, q_r, q_w)
 
-    def write_ends(self) -> tuple[int, int, int]:
-        return self.stdout_w, self.stderr_w, self.events_w
+    def write_ends(self) -> tuple[int, int, int, int]:
+        return self.stdout_w, self.stderr_w, self.events_w, self.replies_r
 
-    def read_ends(self) -> tuple[int, int, int]:
-        return self.stdout_r, self.stderr_r, self.events_r
+    def read_ends(self) -> tuple[int, int, int, int]:
+        return self.stdout_r, self.stderr_r, self.events_r, self.replies_w
 
 
 @dataclasses.dataclass
@@ -135,6 +140,7 @@ class WorkerGroup:
             all_launch_fds = [fd for p in pipes for fd in (*p.read_ends(), *p.write_ends())] + list(keep_fds)
             for payload, rp in zip(payloads, pipes, strict=True):
                 payload.events_fd = rp.events_w
+                payload.replies_fd = rp.replies_r
                 if method == "fork":
                     own = set(rp.write_ends())
                     payload.close_fds = tuple(fd for fd in all_launch_fds if fd not in own)
@@ -273,7 +279,7 @@ def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         stdout=rp.stdout_w,
         stderr=rp.stderr_w,
-        pass_fds=(rp.events_w, memfd),
+        pass_fds=(rp.events_w, rp.replies_r, memfd),
         env=env,
         start_new_session=True,
         close_fds=True,

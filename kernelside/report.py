@@ -25,7 +25,8 @@ _PEER_LOSS = re.compile(
 @dataclasses.dataclass
 class Failure:
     rank: int | None  # None: the launch as a whole (timeout)
-    kind: str  # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout"
+    # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout" | "left" (rank_departure.py)
+    kind: str
     message: str
     t: float  # monotonic time the failure happened (error events) or was seen (exits)
     traceback: str | None = None
@@ -60,9 +61,14 @@ class RankReport:
     done_s: float | None = None  # ... until the launched code returned on this rank
     ended_s: float | None = None
     status: ExitStatus | None = None
+    left: dict | None = None  # it left on its own (sys.exit(0) in the launched code): rank_departure.py
 
     @property
     def exit(self) -> str:
+        if self.left is not None:  # its own exit, not the SIGTERM it may have got while tearing down
+            from .rank_departure import describe
+
+            return describe(self.left)
         return self.status.describe() if self.status else "running"
 
 
@@ -124,9 +130,15 @@ class LaunchReport:
 
 def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     """What the user reads: which rank, why, its traceback, its last output, the others, the logs."""
-    parts = []
-    if root.kind == "timeout":
+    parts, quoted = [], [root]
+    if root.kind == "left":  # a rank's own sys.exit(0) while its peers waited for it
+        from .rank_departure import message_parts
+
+        parts, quoted = message_parts(report, root)
+    elif root.kind == "timeout":
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
+    elif root.exc_type == "BdbQuit":  # q in rank 0's pdb (rank_stdin.py): the user's choice, not a crash
+        parts.append(f"nblaunch: the debugger on rank {root.rank} was quit (q); the launch was stopped on every rank.")
     else:
         where = f" during {root.phase}" if root.phase and root.phase != "run" else ""
         parts.append(f"nblaunch: rank {root.rank} failed{where}: {root.message}")
@@ -136,7 +148,7 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
         tail = router.tail(root.rank)
         if tail:
             parts.append(f"\n--- last output of rank {root.rank} ---\n{tail.rstrip()}")
-    others = [f for f in report.failures if f is not root]
+    others = [f for f in report.failures if not any(f is q for q in quoted)]
     if others:
         parts.append(
             "\nalso failed: "

@@ -27,7 +27,7 @@ import time
 import traceback
 import types
 
-from . import progress
+from . import progress, rank_departure, rank_display, rank_identity, rank_stdin, rank_streams
 from .channel import EventWriter
 
 PR_SET_PDEATHSIG = 1
@@ -49,6 +49,7 @@ class Payload:
     return_result: bool
     pg_timeout_s: float | None = None
     close_fds: tuple = ()  # (fork only) launch fds that belong to other ranks or to the kernel
+    replies_fd: int = -1  # kernel → rank: answers to input() / pdb prompts (rank_stdin.py)
 
 
 @dataclasses.dataclass
@@ -91,16 +92,7 @@ def _fresh_std_streams() -> None:
     this worker's pipes instead of the kernel's ZMQ sockets.
     """
     kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-    out = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False),
-        encoding="utf-8",
-        errors="backslashreplace",
-        line_buffering=True,
-        write_through=False,
-    )
-    err = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
+    out, err = rank_streams.counted_std_streams()  # counted: rich output and prompts land in order with text
     for stream, new in zip(kernel_streams, (out, err, out, err), strict=True):
         if stream is None:
             continue
@@ -128,6 +120,9 @@ def _forget_kernel_shell() -> None:
     process: without it, get_ipython() is None here and display()/tqdm.auto fall back safely."""
     mod = sys.modules.get("IPython.core.interactiveshell")
     if mod is not None:
+        shell = mod.InteractiveShell._instance
+        rank_display.keep_kernel_formatter(shell)  # the notebook's formatters, for rank 0's display()
+        rank_identity.leave_kernel_shell(shell)  # builtins and notebook names that lead back to the shell
         mod.InteractiveShell.clear_instance()
 
 
@@ -285,6 +280,9 @@ def run(p: Payload) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         _set_threads()
         CURRENT = WorkerContext(p.rank, int(p.env.get("LOCAL_RANK", p.rank)), p.world_size, p.device, events)
+        rank_identity.become_launched_worker(p.rank)  # no interactive markers, clean Accelerate state
+        rank_display.install(events, p.rank)  # rank 0's display() / plt.show() reach the cell
+        rank_stdin.install(events, p.replies_fd, p.rank)  # rank 0's input() / pdb answered in the cell
         phase = "init_process_group"
         _init_process_group(p)
         namespaces = [getattr(p.fn, "__globals__", {})]
@@ -306,6 +304,8 @@ def run(p: Payload) -> None:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code != 0:
             events.send("error", _error_payload(e, phase))
+        elif phase == "run":
+            rank_departure.announce(events, e)  # peers still in a collective will blame this
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         try:
             if phase == "result":
@@ -362,6 +362,7 @@ def payload_env(p: Payload) -> dict:
         "NBLAUNCH_RETURN_RESULT": "1" if p.return_result else "0",
         "NBLAUNCH_PG_TIMEOUT": str(p.pg_timeout_s or ""),
         "NBLAUNCH_EVENTS_FD": str(p.events_fd),
+        "NBLAUNCH_REPLIES_FD": str(p.replies_fd),
     }
 
 
@@ -399,6 +400,7 @@ def _spawned_main() -> None:
         env={},
         parent_pid=parent,
         events_fd=events_fd,
+        replies_fd=int(env.get("NBLAUNCH_REPLIES_FD", "-1")),
         return_result=env["NBLAUNCH_RETURN_RESULT"] == "1",
         pg_timeout_s=float(env["NBLAUNCH_PG_TIMEOUT"]) if env.get("NBLAUNCH_PG_TIMEOUT") else None,
     )
