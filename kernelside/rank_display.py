@@ -144,11 +144,19 @@ def _send(payload: dict) -> None:
             print(text)
 
 
+# A widget made in a rank has its model in the rank: the frontend cannot show a view of it.
+_RANK_LOCAL_MIMES = ("application/vnd.jupyter.widget-view+json",)
+
+
 def _format(obj, include, exclude):
     formatter = _formatter()
     if not _state["figures"]:
         _enable_figures(obj, formatter)
-    return formatter.format(obj, include=include, exclude=exclude)
+    data, md = formatter.format(obj, include=include, exclude=exclude)
+    for mime in _RANK_LOCAL_MIMES:
+        data.pop(mime, None)
+        md.pop(mime, None)
+    return data, md
 
 
 def _formatter():

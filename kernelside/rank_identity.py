@@ -87,6 +87,12 @@ def leave_kernel_shell(shell) -> None:
         trap.deactivate()  # builtins as they were before the cell: no get_ipython, site's exit/quit back
         trap._nested_level = 0
     builtins.__dict__.pop("__IPYTHON__", None)
+    comm = sys.modules.get("comm")
+    if comm is not None and hasattr(comm, "_create_comm"):
+        # ipykernel's comms write on the kernel's sockets: a widget made in a rank gets the inert comm
+        # a process without a kernel gets (tqdm.notebook, rich's Live, ipywidgets)
+        comm.create_comm, comm.get_comm_manager = comm._create_comm, comm._get_comm_manager
+        comm._comm_manager = None
     main = sys.modules.get("__main__")
     user_ns = vars(main) if main is not None else {}
     for ns in {id(d): d for d in (user_ns, getattr(shell, "user_ns", None) or {})}.values():
