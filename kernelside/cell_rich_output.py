@@ -49,6 +49,7 @@ class CellRichOutput:
         self.router = router
         self.deferred: dict[str, dict] = {}  # display id -> newest update over the budget
         self.left_out = 0
+        self.unshown_ids: set[str] = set()  # displays left out: their next update is published as the display
         self.published = 0
 
     def handle(self, payload: dict) -> None:
@@ -70,6 +71,8 @@ class CellRichOutput:
                 return
         elif not self.router.spend(bundle_size(payload.get("data", {}))):
             self.left_out += 1
+            if display_id is not None:
+                self.unshown_ids.add(display_id)
             return
         self._publish(payload)
 
@@ -106,6 +109,10 @@ class CellRichOutput:
         data, metadata = payload.get("data", {}), payload.get("metadata") or {}
         transient = payload.get("transient") or {}
         update = payload.get("op") == "update"
+        if update and transient.get("display_id") in self.unshown_ids:  # the frontend never got the display
+            self.unshown_ids.discard(transient["display_id"])
+            self.left_out -= 1
+            update = False
         shell = _shell()
         self.published += 1
         if shell is None:

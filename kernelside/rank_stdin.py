@@ -169,6 +169,8 @@ def _stdlib_set_trace(frame=None, *, header=None):
 
 
 def _refusal(rank: int, what: str) -> RankInputError:
+    if rank == STDIN_RANK:  # a rank 0 started without a replies pipe (an engine that has none)
+        return RankInputError(f"rank 0 called {what}, but this launch has no channel to the notebook's input.")
     return RankInputError(
         f"only rank 0 can read from the notebook; rank {rank} called {what}. Ask on rank 0 and share the "
         "answer with torch.distributed.broadcast_object_list(), or pass the value into the launch as an argument."

@@ -56,8 +56,18 @@ class Kernel:
                 cell.outputs.append((kind, content))
                 if on_output is not None:
                     on_output(kind, content)
-        cell.reply = self.kc.get_shell_msg(timeout=10)["content"]
+        cell.reply = self.reply_to(msg_id)["content"]
         return cell
+
+    def reply_to(self, msg_id: str, timeout: float = 30) -> dict:
+        """The shell reply to ``msg_id``. Replies to other requests are skipped: jupyter_client's
+        wait_for_ready() sends kernel_info requests until one is answered, and a slow start leaves
+        the extra replies queued."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
 
     def _answer_input(self, msg_id: str, cell: Cell, on_input) -> None:
         try:

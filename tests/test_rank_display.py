@@ -150,3 +150,18 @@ print("trained on", trainer.args.world_size, "ranks")
     assert last[0] == "update_display_data"
     assert last[1]["transient"]["display_id"] == first[1]["transient"]["display_id"]
     assert "[6/6" in last[1]["data"]["text/html"] and "Training Loss" in last[1]["data"]["text/html"]
+
+
+def test_updates_over_the_budget_are_coalesced_and_the_newest_lands(kernel):
+    cell = kernel.run("""%%distributed -n 2
+if rank == 0:
+    h = display(HTML("v0"), display_id=True)
+    pad = "x" * (450 * 1024)
+    for v in range(1, 5):
+        h.update(HTML(f"v{v}<!--{pad}-->"))
+""").ok()
+    msgs = [(k, c) for k, c in cell.messages if k in ("display_data", "update_display_data")]
+    msgs = [(k, c["data"]["text/html"][:2]) for k, c in msgs if "text/html" in c["data"]]
+    assert msgs[0] == ("display_data", "v0")
+    assert msgs[-1] == ("update_display_data", "v4")  # 1.8 MiB of updates in a 1 MiB burst: the last one lands
+    assert "not shown here" not in cell.stdout

@@ -151,11 +151,24 @@ else:
     )
     request = kc.get_stdin_msg(timeout=60)  # the frontend is asked ... and nobody answers
     assert request["content"]["prompt"] == "waiting: "
-    reply = kc.get_shell_msg(timeout=30)
-    assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["status"] == "error"
+    reply = kernel.reply_to(msg_id)
+    assert reply["content"]["status"] == "error"
     assert "ValueError: rank 1 broke" in "\n".join(reply["content"]["traceback"])
     assert time.monotonic() - started < 30
     # the withdrawn question left no reader on the stdin channel: a plain input() in the kernel works
     after = kernel.run("print('kernel got', input('again? '))", on_input=_answers("late answer")).ok()
     assert after.stdout == "kernel got late answer\n"
     assert after.input_requests == [{"prompt": "again? ", "password": False}]
+
+
+def test_interrupting_the_kernel_while_rank_0_waits_for_input_stops_the_launch(kernel):
+    kc = kernel.kc
+    msg_id = kc.execute('%%distributed -n 2\nif rank == 0:\n    input("waiting: ")\n', allow_stdin=True)
+    assert kc.get_stdin_msg(timeout=60)["content"]["prompt"] == "waiting: "
+    sent = time.monotonic()
+    kernel.interrupt()
+    reply = kernel.reply_to(msg_id)
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - sent < 5
+    after = kernel.run("print('kernel got', input('again? '))", on_input=_answers("yes")).ok()
+    assert after.stdout == "kernel got yes\n"
