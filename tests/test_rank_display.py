@@ -4,9 +4,11 @@ in order with its text, within the output budget; transformers' notebook callbac
 from __future__ import annotations
 
 import base64
+import subprocess
+import sys
 
 import pytest
-from kernel import Kernel
+from kernel import REPO, Kernel
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +167,24 @@ if rank == 0:
     assert msgs[0] == ("display_data", "v0")
     assert msgs[-1] == ("update_display_data", "v4")  # 1.8 MiB of updates in a 1 MiB burst: the last one lands
     assert "not shown here" not in cell.stdout
+
+
+def test_a_rank_that_imports_ipython_after_start_up_still_sends_rich_output():
+    # a spawned rank in text mode has not imported IPython when nblaunch sets it up: the display
+    # functions are replaced when the rank's code first imports them
+    code = """
+import os, sys
+from kernelside import rank_display
+from kernelside.channel import EventReader, EventWriter
+r, w = os.pipe()
+rank_display.install(EventWriter(w), rank=0)
+assert "IPython.core.display_functions" not in sys.modules
+from IPython.display import HTML, display
+display(HTML("<b>imported late</b>"))
+os.close(w)
+events = list(EventReader().feed(os.read(r, 1 << 20)))
+print(events[0][0], events[0][1]["op"], events[0][1]["data"]["text/html"])
+"""
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "display display <b>imported late</b>\n"
