@@ -44,6 +44,20 @@ def test_accelerate_notebook_sees_multi_cpu_two_processes_bf16(tmp_path):
     assert "final loss (mean over ranks)" in text
 
 
+def test_lightning_notebook_fits_on_two_ranks_with_nblaunch_bars_and_a_figure(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "lightning.ipynb"), str(tmp_path))
+    text = _text(nb)
+    # 512 samples over 2 ranks, 32 a batch: 8 steps an epoch, 5 epochs; only rank 0's line shows
+    assert "rank 0 of 2: 40 steps" in text and "rank 1 of 2" not in text
+    assert "the returned model's MSE on all data" in text
+    launch_cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%distributed"))
+    pngs = [o for o in launch_cell.outputs if o.get("output_type") == "display_data" and "image/png" in o["data"]]
+    assert len(pngs) == 1  # rank 0's plt.show(), stored in the notebook
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"] for m in state.values() if m["model_name"] == "FloatProgressModel"]
+    assert [(b["max"], b["value"]) for b in bars] == [(8.0, 8.0)]  # Lightning's bar, drawn by nblaunch
+
+
 MIXED = [
     "%load_ext kernelside",
     "import torch\nbase = torch.arange(4.0)",

@@ -141,11 +141,22 @@ class RankOutputRouter:
             text = "".join(prefix + ln for ln in text.splitlines(keepends=True))
         self._show(rank, stream, text)
 
-    def _show(self, rank: int, stream: str, text: str) -> None:
-        """Write to the cell within the output budget; what is over it is counted, and its tail kept."""
+    def spend(self, nbytes: int) -> bool:
+        """Take ``nbytes`` of the cell's budget for rich output (rank 0's display()); False: over it, left out."""
+        self._refill()
+        if self.held_back or nbytes > self.budget:
+            return False
+        self.budget -= nbytes
+        return True
+
+    def _refill(self) -> None:
         now = time.monotonic()
         self.budget = min(SHOW_BURST_BYTES, self.budget + (now - self.budget_t) * SHOW_RATE_BYTES)
         self.budget_t = now
+
+    def _show(self, rank: int, stream: str, text: str) -> None:
+        """Write to the cell within the output budget; what is over it is counted, and its tail kept."""
+        self._refill()
         if self.held_back:
             if self.budget < SHOW_RESUME_BYTES:  # keep holding until a good share of the budget is back
                 self._hold(rank, text.splitlines(keepends=True))

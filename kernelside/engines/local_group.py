@@ -29,8 +29,10 @@ from ..worker.entry import SPAWN_COMMAND, Payload, enter_forked, spawn_env
 
 @dataclasses.dataclass
 class RankPipes:
-    """One rank's pipes: the kernel's ends (read_ends) and the worker's (write_ends). A live rank also
-    has a request pipe the other way: the kernel writes ``requests_w``, the worker reads ``requests_r``."""
+    """One rank's pipes: stdout, stderr and events (worker → kernel), replies (kernel → worker: the
+    answers to rank 0's input prompts) and, for a live rank, requests (kernel → worker: the next cell).
+    ``write_ends()`` are the ends the worker keeps, ``read_ends()`` the ends the kernel keeps (for
+    replies and requests, the writing ends)."""
 
     stdout_r: int
     stdout_w: int
@@ -38,6 +40,8 @@ class RankPipes:
     stderr_w: int
     events_r: int
     events_w: int
+    replies_r: int
+    replies_w: int
     requests_r: int = -1
     requests_w: int = -1
 
@@ -48,19 +52,22 @@ class RankPipes:
         o_r, o_w = os.pipe()
         e_r, e_w = os.pipe()
         v_r, v_w = os.pipe()
+        a_r, a_w = os.pipe()
         widen_pipe(v_r)
         q_r, q_w = os.pipe() if live else (-1, -1)
         if live:
             widen_pipe(q_w)
-        return cls(o_r, o_w, e_r, e_w, v_r, v_w, q_r, q_w)
+        return cls(o_r, o_w, e_r, e_w, v_r, v_w, a_r, a_w, q_r, q_w)
 
     def write_ends(self) -> tuple[int, ...]:
         """The worker's ends (closed in the kernel once the worker has them)."""
-        return (self.stdout_w, self.stderr_w, self.events_w) + ((self.requests_r,) if self.requests_r >= 0 else ())
+        live = (self.requests_r,) if self.requests_r >= 0 else ()
+        return (self.stdout_w, self.stderr_w, self.events_w, self.replies_r) + live
 
     def read_ends(self) -> tuple[int, ...]:
         """The kernel's ends (closed when the worker is reaped)."""
-        return (self.stdout_r, self.stderr_r, self.events_r) + ((self.requests_w,) if self.requests_w >= 0 else ())
+        live = (self.requests_w,) if self.requests_w >= 0 else ()
+        return (self.stdout_r, self.stderr_r, self.events_r, self.replies_w) + live
 
 
 @dataclasses.dataclass
@@ -120,6 +127,7 @@ class WorkerGroup:
             for payload, rp in zip(payloads, pipes, strict=True):
                 payload.events_fd = rp.events_w
                 payload.requests_fd = rp.requests_r
+                payload.replies_fd = rp.replies_r
                 if method == "fork":
                     own = set(rp.write_ends())
                     payload.close_fds = tuple(fd for fd in all_launch_fds if fd not in own)
@@ -256,7 +264,7 @@ def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:
         stdin=subprocess.DEVNULL,
         stdout=rp.stdout_w,
         stderr=rp.stderr_w,
-        pass_fds=(rp.events_w, memfd) + ((rp.requests_r,) if rp.requests_r >= 0 else ()),
+        pass_fds=(rp.events_w, rp.replies_r, memfd) + ((rp.requests_r,) if rp.requests_r >= 0 else ()),
         env=env,
         start_new_session=True,
         close_fds=True,

@@ -18,6 +18,7 @@ import selectors
 import time
 
 from ..channel import EventReader
+from .local_bridge import EVENT_KINDS, NotebookBridge
 
 TERMINATE_GRACE_S = 2.0
 
@@ -54,12 +55,16 @@ class EventLoop:
             self.sel.register(p.events_r, selectors.EVENT_READ, (w, "events"))
             if w.pidfd is not None:
                 self.sel.register(w.pidfd, selectors.EVENT_READ, (w, "exit"))
+        # rank 0's display() and input() reach the notebook, in order with its text
+        self.bridge = NotebookBridge(self, recorder)
+        self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
 
     def run(self) -> None:
         try:
             self._loop()
         finally:
             self._drain_all()
+            self.bridge.close()
             self.sel.close()
 
     def _loop(self) -> None:
@@ -86,7 +91,9 @@ class EventLoop:
                 if key.fd not in self.sel.get_map():
                     continue  # drained and unregistered by an earlier key of this same batch
                 w, kind = key.data
-                if kind == "exit":
+                if kind == "stdin":
+                    self.bridge.on_wake()
+                elif kind == "exit":
                     self._on_exit(w)
                 else:
                     self._read(w, kind, key.fd)
@@ -95,6 +102,7 @@ class EventLoop:
                     if w.status is None and self.group.poll(w) is not None:
                         self._on_exit(w)
             self.rec.tick()
+            self.bridge.tick()
 
     def _read(self, w, kind: str, fd: int) -> bool:
         try:
@@ -114,10 +122,19 @@ class EventLoop:
                     for other in self.group.workers:
                         if other is not w and other.status is None and self.group.poll(other) is not None:
                             self._on_exit(other)
-                self.rec.event(w.rank, ev_kind, payload)
+                if ev_kind in EVENT_KINDS:
+                    self.bridge.on_event(w, ev_kind, payload)
+                else:
+                    self.rec.event(w.rank, ev_kind, payload)
         else:
-            self.rec.output(w.rank, kind, data)
+            self.bridge.text(w, kind, data)
         return True
+
+    def read_pending_events(self, w) -> None:
+        """Read and handle every event the worker has sent so far (the bridge orders text by them)."""
+        fd = w.pipes.events_r
+        while fd in self.sel.get_map() and self._read(w, "events", fd):
+            pass
 
     def _drain(self, w) -> None:
         """Everything a finished worker wrote is in its pipes already: read it before judging its exit."""

@@ -80,10 +80,12 @@ def plan_for(cfg):
 
 def launch(req: LaunchRequest) -> LaunchOutcome:
     """Run ``req.fn`` on every rank; return rank 0's value (and all values with ``return_all``)."""
-    if current_worker() is not None:
+    inside = current_worker()
+    if inside is not None:
         raise LaunchError(
-            "nblaunch: a launch cannot be started from inside a rank: this code already runs on one of the "
-            "workers of a launch. Call notebook_launcher() (or run %%distributed) from the notebook itself."
+            f"a launch cannot be started from inside a rank: rank {inside.rank} of a running launch called "
+            "notebook_launcher() (or %%distributed). The launched code already runs on every rank with "
+            "torch.distributed set up: call the function directly there, or start the launch from a notebook cell."
         )
     if not callable(req.fn):
         raise LaunchConfigError("function", req.fn, "a callable (a function defined in the notebook, say)")

@@ -98,6 +98,9 @@ class RunRecorder:
             self.results[rank] = payload
         elif kind == "metrics":
             self.report.metrics.extend(payload)
+        elif kind == "left":  # the rank is leaving on its own (sys.exit(0)): see _blame_departures
+            if rr is not None:
+                rr.left = {**payload, "t": payload.get("wall" if self.clock == "wall" else "t")}
         elif kind == "error":
             self._fail(Failure.from_error(rank, payload, self.clock))
         elif kind == "idle":
@@ -190,7 +193,8 @@ class RunRecorder:
 
     # -- the outcome ----------------------------------------------------------------------
     def close(self) -> None:
-        """The engine has stopped every rank: finish output and timings."""
+        """The engine has stopped every rank and every pipe is drained: finish output, timings, root cause."""
+        self._blame_departures()
         if self.router is not None:
             self.router.finish()
         self.report.ended_at = time.time()
@@ -261,6 +265,29 @@ class RunRecorder:
             message += "\n" + "\n".join(self.notes)
         cls = LaunchTimeoutError if rep.outcome == "timeout" else WorkerError
         return cls(message, rank=root.rank, failures=rep.failures, report=rep)
+
+    def _blame_departures(self) -> None:
+        """Ranks that left on their own before the peer-loss errors they caused become the root cause."""
+        rep = self.report
+        peer_losses = [f for f in rep.failures if f.caused_by_peer]
+        if not peer_losses or any(not f.caused_by_peer and f.kind != "left" for f in rep.failures):
+            return  # nothing to explain, or a real failure explains it
+        first_loss = min(peer_losses, key=lambda f: f.t)
+        failed = {f.rank for f in rep.failures}
+        for rr in rep.ranks:
+            left = rr.left
+            if left is None or rr.rank in failed or left["t"] > first_loss.t:
+                continue
+            rep.failures.append(
+                Failure(
+                    rank=rr.rank,
+                    kind="left",
+                    message=f"left on its own ({left['where']}; exit code {left['code']}) before rank "
+                    f"{first_loss.rank}'s collective finished",
+                    t=left["t"],
+                    phase="run",
+                )
+            )
 
     def _values(self) -> list:
         values = []

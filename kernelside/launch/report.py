@@ -55,7 +55,9 @@ def signal_name(signum: int) -> str:
 @dataclasses.dataclass
 class Failure:
     rank: int | None  # None: the launch as a whole (timeout)
-    kind: str  # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout"
+    # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout"
+    # | "left" (a rank's own sys.exit while its peers waited: RunRecorder._blame_departures)
+    kind: str
     message: str
     t: float  # when it happened (error events) or was seen (exits), on the run recorder's clock
     traceback: str | None = None
@@ -90,13 +92,16 @@ class RankReport:
     done_s: float | None = None  # ... until the launched code returned on this rank
     ended_s: float | None = None
     status: ExitStatus | None = None
-    # Sampled through nvidia-ml-py (kernelside/gpu_usage.py) while the rank ran; None without NVML or GPU.
+    # Sampled through nvidia-ml-py (launch/gpu_usage.py) while the rank ran; None without NVML or GPU.
     gpu_index: int | None = None  # the kernel's CUDA index of the GPU where the rank held most memory
     gpu_memory_bytes: int | None = None  # the most device memory the rank and its children held in a sample
     gpu_util_percent: float | None = None  # mean utilization over the samples (the process's, else its GPU's)
+    left: dict | None = None  # it left on its own (sys.exit(0) in the launched code): worker/rank_departure.py
 
     @property
     def exit(self) -> str:
+        if self.left is not None:  # its own exit, not the SIGTERM it may have got while tearing down
+            return describe_departure(self.left)
         return self.status.describe() if self.status else "running"
 
 
@@ -179,11 +184,15 @@ def _or_dash(value) -> str:
 
 def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     """What the user reads: which rank, why, its traceback, its last output, the others, the logs."""
-    parts = []
-    if root.kind == "timeout":
+    parts, quoted = [], [root]
+    if root.kind == "left":  # a rank's own sys.exit(0) while its peers waited for it
+        parts, quoted = _departure_parts(report, root)
+    elif root.kind == "timeout":
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
     elif root.rank is None:  # the engine itself failed (Ray Train), with no rank to blame
         return f"nblaunch: {root.message}\nlogs of every rank: {report.log_dir}"
+    elif root.exc_type == "BdbQuit":  # q in rank 0's pdb (worker/rank_stdin.py): the user's choice, not a crash
+        parts.append(f"nblaunch: the debugger on rank {root.rank} was quit (q); the launch was stopped on every rank.")
     else:
         where = f" during {root.phase}" if root.phase and root.phase != "run" else ""
         parts.append(f"nblaunch: rank {root.rank} failed{where}: {root.message}")
@@ -193,7 +202,7 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
         tail = router.tail(root.rank)
         if tail:
             parts.append(f"\n--- last output of rank {root.rank} ---\n{tail.rstrip()}")
-    others = [f for f in report.failures if f is not root]
+    others = [f for f in report.failures if not any(f is q for q in quoted)]
     if others:
         parts.append(
             "\nalso failed: "
@@ -218,3 +227,28 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
         parts.append(f"stopped by nblaunch: rank(s) {', '.join(map(str, stopped))}")
     parts.append(f"logs of every rank: {report.log_dir}")
     return "\n".join(parts)
+
+
+def describe_departure(left: dict) -> str:
+    """'exit code 0 (left on its own: sys.exit(0) at <cell>, line 4)' from a rank's ``left`` event."""
+    return f"exit code {left['code']} (left on its own: {left['where']})"
+
+
+def _departure_parts(report: LaunchReport, root: Failure) -> tuple[list[str], list[Failure]]:
+    """What the failure message says when a departure is the root cause, and the failures it quoted."""
+    losses = [f for f in report.failures if f.caused_by_peer]
+    parts, quoted = [f"nblaunch: rank {root.rank} {root.message}."], [root]
+    if losses:
+        first = min(losses, key=lambda f: f.t)
+        quoted.append(first)
+        parts.append(
+            f"rank {first.rank} was still waiting for it and then failed: {first.message.splitlines()[0][:300]}"
+        )
+        if first.traceback:
+            head = f"\n--- rank {first.rank} traceback (the collective it was in) ---\n"
+            parts.append(head + first.traceback.rstrip())
+    parts.append(
+        "\nEvery rank must reach the same collectives: leave with sys.exit() on all ranks at the same point, "
+        "or let the launched code return on every rank."
+    )
+    return parts, quoted

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import time
 
 RENDERS = ("widgets", "text", "off")  # widgets: send events for the kernel to draw; text: tqdm on stderr
 
@@ -31,6 +32,11 @@ class WorkerContext:
 
     def shows_bars(self) -> bool:
         return self.rank == 0 or self.progress_scope == "all"
+
+
+def stamp() -> dict:
+    """The time of an event on both clocks: monotonic for one machine, wall time across machines."""
+    return {"t": time.monotonic(), "wall": time.time()}
 
 
 _current: list[WorkerContext | None] = [None]

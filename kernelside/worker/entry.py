@@ -33,6 +33,7 @@ EVENTS_FD_ENV = "NBLAUNCH_EVENTS_FD"
 PARENT_ENV = "NBLAUNCH_PARENT_PID"
 SYS_PATH_ENV = "NBLAUNCH_SYS_PATH"
 REQUESTS_FD_ENV = "NBLAUNCH_REQUESTS_FD"
+REPLIES_FD_ENV = "NBLAUNCH_REPLIES_FD"
 
 # -c rather than -m: under -m this file would run as __main__, a second copy of the module.
 SPAWN_COMMAND = "from kernelside.worker.entry import spawned_main; spawned_main()"
@@ -48,6 +49,7 @@ class Payload:
     events_fd: int = -1
     close_fds: tuple = ()  # (fork only) launch fds that belong to other ranks or to the kernel
     requests_fd: int = -1  # a live rank's kernel → rank request pipe (work is then its namespace, or None)
+    replies_fd: int = -1  # kernel → rank: answers to rank 0's input() / pdb prompts (worker/rank_stdin.py)
 
 
 def _die_with_parent(parent_pid: int) -> None:
@@ -63,9 +65,9 @@ def _run_and_exit(p: Payload) -> None:
         from .live_rank import serve_requests
 
         namespace = p.work if isinstance(p.work, dict) else {}
-        end = serve_requests(p.spec, EventWriter(p.events_fd), p.requests_fd, namespace)
+        end = serve_requests(p.spec, EventWriter(p.events_fd), p.requests_fd, namespace, p.replies_fd)
     else:
-        end = run_rank(p.spec, p.work, EventWriter(p.events_fd))
+        end = run_rank(p.spec, p.work, EventWriter(p.events_fd), p.replies_fd)
     destroy_process_group_after(end, p.spec)
     flush_all()
     os._exit(end.code)
@@ -103,6 +105,7 @@ def spawn_env(p: Payload, memfd: int) -> dict:
         PAYLOAD_FD_ENV: str(memfd),
         SYS_PATH_ENV: json.dumps([e for e in sys.path if e]),
         REQUESTS_FD_ENV: str(p.requests_fd),
+        REPLIES_FD_ENV: str(p.replies_fd),
     }
 
 
@@ -130,4 +133,14 @@ def spawned_main() -> None:
     spec = RankSpec(**json.loads(env[SPEC_ENV]))
     spec.env = {}  # already in this process's environment
     requests_fd = int(env.get(REQUESTS_FD_ENV, "-1"))
-    _run_and_exit(Payload(work=work, spec=spec, parent_pid=parent, events_fd=events_fd, requests_fd=requests_fd))
+    replies_fd = int(env.get(REPLIES_FD_ENV, "-1"))
+    _run_and_exit(
+        Payload(
+            work=work,
+            spec=spec,
+            parent_pid=parent,
+            events_fd=events_fd,
+            requests_fd=requests_fd,
+            replies_fd=replies_fd,
+        )
+    )

@@ -24,7 +24,8 @@ import threading
 import time
 import traceback
 
-from . import context, progress
+from . import context, progress, rank_departure, rank_display, rank_identity, rank_stdin
+from .context import stamp
 from .results import dumps_result, unwrap_for_return
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,11 +66,6 @@ def error_payload(exc: BaseException, phase: str) -> dict:
         "t": time.monotonic(),
         "wall": time.time(),
     }
-
-
-def stamp() -> dict:
-    """The time of an event on both clocks: monotonic for one machine, wall time across machines."""
-    return {"t": time.monotonic(), "wall": time.time()}
 
 
 def _user_traceback(exc: BaseException) -> str:
@@ -127,17 +123,21 @@ def _patch_init_process_group(namespaces) -> None:
                 ns[k] = init_process_group
 
 
-def run_rank(spec: RankSpec, work, events) -> RankEnd:
-    """Run ``work`` = (fn, args, kwargs) as rank ``spec.rank``; every outcome is also sent as an event."""
+def run_rank(spec: RankSpec, work, events, replies_fd: int = -1) -> RankEnd:
+    """Run ``work`` = (fn, args, kwargs) as rank ``spec.rank``; every outcome is also sent as an event.
+
+    ``replies_fd``: the kernel → rank pipe of an engine that relays rank 0's display() and input()
+    to the notebook (the local engine); -1 where the engine does not.
+    """
     fn, args, kwargs = work
-    failed = start_rank(spec, events, [getattr(fn, "__globals__", {})])
+    failed = start_rank(spec, events, [getattr(fn, "__globals__", {})], replies_fd)
     if failed is not None:
         return failed
     events.send("ready", {**stamp(), "pid": os.getpid()})
     return run_work(spec, fn, args, kwargs, events)
 
 
-def start_rank(spec: RankSpec, events, namespaces=()) -> RankEnd | None:
+def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> RankEnd | None:
     """Set the rank up once (environment, context, process group, progress bars); a RankEnd if that failed.
 
     A live rank (``worker.live_rank``) calls this once and then ``run_work`` for every cell.
@@ -162,6 +162,10 @@ def start_rank(spec: RankSpec, events, namespaces=()) -> RankEnd | None:
                 progress_scope=spec.progress_scope,
             )
         )
+        rank_identity.become_launched_worker(spec.rank)  # no interactive markers, clean Accelerate state
+        if replies_fd >= 0:
+            rank_display.install(events, spec.rank)  # rank 0's display() / plt.show() reach the cell
+            rank_stdin.install(events, replies_fd, spec.rank)  # rank 0's input() / pdb answered in the cell
         if spec.init_process_group:
             phase = "init_process_group"
             _init_process_group(spec)
@@ -189,6 +193,8 @@ def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if code != 0:
             _report(events, e, phase)
+        elif phase == "run":
+            rank_departure.announce(events, e)  # peers still in a collective will blame this
         return RankEnd(code, e if code else None)
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         if phase == "result":

@@ -28,7 +28,8 @@ import types
 
 from ..channel import read_frame
 from . import context
-from .lifecycle import RankEnd, error_payload, run_work, stamp, start_rank
+from .context import stamp
+from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
 _state = {"busy": False, "pending": False, "namespace": None}
 
@@ -68,10 +69,10 @@ def _idle(events, req_id: int) -> None:
     events.send("idle", {**stamp(), "cell": req_id, "seq": _collectives_seq(), "rss": _rss()})
 
 
-def serve_requests(spec, events, requests_fd: int, namespace: dict) -> RankEnd:
+def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
     _state["namespace"] = namespace
-    failed = start_rank(spec, events, [namespace])
+    failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
         return failed
     import torch

@@ -196,6 +196,7 @@ def install_in_worker() -> None:
         )
         if c is not EventTqdm
     }
+    notebook_bar = tqdm.notebook.tqdm_notebook  # before the loop below rebinds the name
     # Libraries that ran ``from tqdm.auto import tqdm`` before the fork hold the class in their
     # own globals: rebind those too.
     for mod in list(sys.modules.values()):
@@ -205,3 +206,7 @@ def install_in_worker() -> None:
         for name, value in list(d.items()):
             if id(value) in originals:  # identity only: touching other attributes can have side effects
                 d[name] = EventTqdm
+            elif issubclass(type(value), type) and issubclass(value, notebook_bar) and value is not EventTqdm:
+                # a library's own bar class made in the kernel on top of the notebook bar (Lightning's
+                # Tqdm): it would draw ipywidgets from the rank; it becomes the event-sending bar's subclass
+                value.__bases__ = tuple(EventTqdm if id(b) in originals else b for b in value.__bases__)

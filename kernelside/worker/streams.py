@@ -8,9 +8,10 @@ Example::
 from __future__ import annotations
 
 import ctypes
-import io
 import os
 import sys
+
+from . import rank_display, rank_identity, rank_streams
 
 
 def libc():
@@ -28,16 +29,7 @@ def fresh_std_streams() -> None:
     this worker's pipes instead of the kernel's ZMQ sockets.
     """
     kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-    out = io.TextIOWrapper(
-        io.FileIO(1, "w", closefd=False),
-        encoding="utf-8",
-        errors="backslashreplace",
-        line_buffering=True,
-        write_through=False,
-    )
-    err = io.TextIOWrapper(
-        io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
-    )
+    out, err = rank_streams.counted_std_streams()  # counted: rich output and prompts land in order with text
     for stream, new in zip(kernel_streams, (out, err, out, err), strict=True):
         if stream is None:
             continue
@@ -65,6 +57,9 @@ def forget_kernel_shell() -> None:
     process: without it, get_ipython() is None here and display()/tqdm.auto fall back safely."""
     mod = sys.modules.get("IPython.core.interactiveshell")
     if mod is not None:
+        shell = mod.InteractiveShell._instance
+        rank_display.keep_kernel_formatter(shell)  # the notebook's formatters, for rank 0's display()
+        rank_identity.leave_kernel_shell(shell)  # builtins and notebook names that lead back to the shell
         mod.InteractiveShell.clear_instance()
 
 
