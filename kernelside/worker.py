@@ -27,7 +27,7 @@ import time
 import traceback
 import types
 
-from . import progress
+from . import progress, sharded_results
 from .channel import EventWriter
 
 PR_SET_PDEATHSIG = 1
@@ -199,8 +199,15 @@ def _to_cpu_pickler():
     import cloudpickle
     import torch
 
+    shards = sharded_results.shard_types()
+
     class ToCPUPickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
+            if shards and isinstance(obj, shards):  # never send a shard that looks like the whole
+                raise sharded_results.ShardedResultError(
+                    f"{sharded_results.describe_shard(obj)} is still in the return value: it sits inside an object "
+                    "nblaunch does not look into (one that pickles itself). Return it in a dict, list, tuple or module."
+                )
             if isinstance(obj, (type, types.FunctionType)) and _KERNEL_MAIN_OBJECTS.get(
                 getattr(obj, "__qualname__", None)
             ) == id(obj):
@@ -298,12 +305,16 @@ def run(p: Payload) -> None:
         value = p.fn(*p.args, **p.kwargs)
         progress.finish_in_worker()
         events.send("done", {"t": time.monotonic()})
+        phase = "result gather"  # every rank: sharded values (FSDP, DTensor) are gathered together
+        value = sharded_results.gather_for_return(unwrap_for_return(value), keep=p.return_result)
         phase = "result"
         if p.return_result:
-            events.send_result(dumps_result(unwrap_for_return(value)))
+            events.send_result(dumps_result(value))
         code = 0
     except SystemExit as e:  # sys.exit(0) in user code is a normal end, like a script's
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if phase == "run":
+            sharded_results.leave()  # no peer waits for this rank's part of a gather
         if code != 0:
             events.send("error", _error_payload(e, phase))
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
