@@ -126,6 +126,14 @@ FIELDS: tuple[Field, ...] = (
         "progress", "str", "rank0", "Which ranks' progress bars show: rank0 or all.", "output", choices=("rank0", "all")
     ),
     Field(
+        "metrics",
+        "str",
+        "on",
+        "on: what Accelerate, Trainer, Lightning and TensorBoard log draws the live chart; off: only log_metrics().",
+        "output",
+        choices=("on", "off"),
+    ),
+    Field(
         "log_dir",
         "str",
         None,

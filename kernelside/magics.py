@@ -63,6 +63,11 @@ class DistributedMagics(Magics):
     @argument("--output", default=None, help="Whose output shows in the cell: rank0 | all | none.")
     @argument("--progress", default=None, help="Whose progress bars show: rank0 | all.")
     @argument(
+        "--metrics",
+        default=None,
+        help="on | off: whether Accelerate, Trainer, Lightning and TensorBoard logs draw the live chart.",
+    )
+    @argument(
         "--return",
         dest="return_names",
         default=None,
@@ -114,6 +119,7 @@ class DistributedMagics(Magics):
             "gpu_ids": args.gpu_ids,
             "output": args.output,
             "progress": args.progress,
+            "metrics": args.metrics,
             "timeout": args.timeout,
             "main_process_port": args.port,
             "engine": args.engine,

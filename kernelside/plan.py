@@ -19,6 +19,7 @@ import os
 
 from .config import ResolvedConfig
 from .errors import LaunchConfigError
+from .metric_capture import METRICS_ENV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +185,7 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     env = {str(k): str(x) for k, x in v["env"].items()}
     env.update(accelerate_env(v, use_cpu))
     env.setdefault("PYTHONUNBUFFERED", "1")  # the worker's own subprocesses stream live too
+    env[METRICS_ENV] = v["metrics"]  # capture of the frameworks' loggers (metric_capture.py)
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # a user's own value stays
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // n))  # the cores shared out, as torchrun would
     if gpu_ids:
@@ -277,6 +279,7 @@ def ray_plan(v: dict) -> LaunchPlan:
     env.update(accelerate_env(v, not use_gpu))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(per_worker.get("CPU", 1)))))
+    env[METRICS_ENV] = v["metrics"]
     if v["ray_address"] == "local" and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a Ray of this kernel's own: everything stays on 127.0.0.1
     return LaunchPlan(

@@ -27,7 +27,7 @@ import time
 import traceback
 import types
 
-from . import progress, sharded_results
+from . import metric_capture, progress, sharded_results
 from .channel import EventWriter
 
 PR_SET_PDEATHSIG = 1
@@ -300,6 +300,7 @@ def run(p: Payload) -> None:
             namespaces.append(vars(main))
         _patch_init_process_group(namespaces)
         progress.install_in_worker()
+        metric_capture.install_in_worker()
         events.send("ready", {"t": time.monotonic(), "pid": os.getpid()})
         phase = "run"
         value = p.fn(*p.args, **p.kwargs)

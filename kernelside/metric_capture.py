@@ -1,0 +1,260 @@
+"""The loggers training code already calls feed the live chart, without a change to that code.
+
+Inside a worker that shows metrics (rank 0, or every rank with ``progress="all"``: the rule of
+``log_metrics()``), ``install_in_worker()`` wraps the methods the frameworks log through:
+
+========================================================  ==========================================
+``Accelerator.log(values, step=...)``                      with or without ``init_trackers``
+``transformers.Trainer.log(logs)``                         loss, learning_rate, grad_norm, epoch...
+Lightning's logger connector ``log_metrics(metrics, step)`` ``self.log(...)`` in a LightningModule
+``Fabric.log_dict(metrics, step)`` (``fabric.log`` too)
+``SummaryWriter.add_scalar / add_scalars``                 torch.utils.tensorboard and tensorboardX
+========================================================  ==========================================
+
+Each wrapper calls the framework's own method first and unchanged (TensorBoard still writes its
+event files, Trainer's callbacks still get their logs), then records the numbers through the
+same buffer and throttle as ``log_metrics()``: the points reach the run report (``.metrics``,
+``.metrics_frame()``) and the chart. A framework that logs *through* another captured one
+(Trainer's TensorBoard callback, Lightning's TensorBoardLogger, Accelerate's tensorboard tracker)
+is recorded once, at the outermost call.
+
+A library imported before the launch (in the kernel, inherited by fork) is patched at install;
+one imported later, inside the rank, is patched as its module finishes importing (an import
+hook). ``metrics="off"`` (``--metrics off``, the ``metrics`` config key) installs nothing;
+``log_metrics()`` called explicitly keeps drawing, since the user asked for it by name.
+
+Example (inside a %%distributed cell, nothing to add)::
+
+    accelerator = Accelerator()
+    ...
+    accelerator.log({"loss": loss.item()}, step=step)     # drawn in the cell's chart
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.abc
+import os
+import sys
+import time
+from collections.abc import Mapping
+
+from . import progress
+
+METRICS_ENV = "NBLAUNCH_METRICS"  # "on" | "off", set by the plan from the ``metrics`` config key
+_depth = [0]  # captured calls in progress: only the outermost one records
+_state = {"rank": 0, "all": False, "broken": set()}
+
+
+# -- recording -------------------------------------------------------------------------------------
+
+
+def record(step, values: dict) -> None:
+    """One point into ``log_metrics()``'s buffer, sent to the kernel at most every METRICS_FLUSH_S.
+
+    Example::
+
+        >>> record(10, {"loss": 0.25})   # doctest: +SKIP
+    """
+    if not values:
+        return
+    if step is None:
+        step = values.pop("step", None)
+    else:
+        values.pop("step", None)
+    values.pop("rank", None)
+    point = {"step": step, **values}
+    if _state["all"]:
+        point["rank"] = _state["rank"]
+    progress._pending_metrics.append(point)
+    now = time.monotonic()
+    if now - progress._last_flush[0] >= progress.METRICS_FLUSH_S:
+        progress.flush_metrics(now)
+
+
+def numbers(values, prefix: str = "") -> dict:
+    """The numeric entries of a logged mapping as floats (tensors and numpy scalars of one element included);
+    nested mappings become ``outer/inner``; text, images and histograms are left to the framework."""
+    out = {}
+    if not isinstance(values, Mapping):
+        return out
+    for k, v in values.items():
+        t = type(v)
+        if t is float or t is int or t is bool:
+            out[f"{prefix}{k}"] = float(v)
+        elif isinstance(v, Mapping):
+            out.update(numbers(v, f"{prefix}{k}/"))
+        elif t is not str and hasattr(v, "item") and hasattr(v, "ndim"):
+            try:
+                if v.ndim == 0 or getattr(v, "size", None) == 1 or v.numel() == 1:
+                    out[f"{prefix}{k}"] = float(v.item())
+            except (TypeError, ValueError, AttributeError, RuntimeError):
+                pass
+    return out
+
+
+def _arg(args, kwargs, i: int, name: str, default=None):
+    return args[i] if len(args) > i else kwargs.get(name, default)
+
+
+# -- what each framework's method looks like ----------------------------------------------------------
+
+
+def _accelerate_log(self, args, kwargs):
+    record(_arg(args, kwargs, 1, "step"), numbers(_arg(args, kwargs, 0, "values")))
+
+
+def _trainer_log(self, args, kwargs):
+    # after Trainer.log ran, its logs hold the epoch too; the step is the trainer's global step
+    record(self.state.global_step, numbers(_arg(args, kwargs, 0, "logs")))
+
+
+def _lightning_connector(self, args, kwargs):
+    metrics, step = _arg(args, kwargs, 0, "metrics"), _arg(args, kwargs, 1, "step")
+    values = numbers(metrics)
+    if not values:
+        return
+    if step is None and "step" not in values:  # as the connector does for its loggers
+        trainer = self.trainer
+        values.setdefault("epoch", float(trainer.current_epoch))
+        loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
+        step = getattr(loop, "_batches_that_stepped", None)
+        step = trainer.global_step if step is None else step
+    record(step, values)
+
+
+def _fabric_log_dict(self, args, kwargs):
+    record(_arg(args, kwargs, 1, "step"), numbers(_arg(args, kwargs, 0, "metrics")))
+
+
+def _add_scalar(self, args, kwargs):
+    tag = _arg(args, kwargs, 0, "tag")
+    record(_arg(args, kwargs, 2, "global_step"), numbers({tag: _arg(args, kwargs, 1, "scalar_value")}))
+
+
+def _add_scalars(self, args, kwargs):
+    main = _arg(args, kwargs, 0, "main_tag")
+    record(_arg(args, kwargs, 2, "global_step"), numbers(_arg(args, kwargs, 1, "tag_scalar_dict"), f"{main}/"))
+
+
+# module -> [(class name, method, capture or None: only mark the call so what it logs inside is not recorded)]
+_PATCHES: dict[str, list[tuple[str, str, object]]] = {
+    "accelerate.accelerator": [("Accelerator", "log", _accelerate_log)],
+    "transformers.trainer": [("Trainer", "log", _trainer_log)],
+    "torch.utils.tensorboard.writer": [
+        ("SummaryWriter", "add_scalar", _add_scalar),
+        ("SummaryWriter", "add_scalars", _add_scalars),
+    ],
+    "tensorboardX.writer": [
+        ("SummaryWriter", "add_scalar", _add_scalar),
+        ("SummaryWriter", "add_scalars", _add_scalars),
+    ],
+}
+for _pkg in ("lightning.pytorch", "pytorch_lightning"):
+    _PATCHES[f"{_pkg}.trainer.connectors.logger_connector.logger_connector"] = [
+        ("_LoggerConnector", "log_metrics", _lightning_connector)
+    ]
+for _pkg in ("lightning.fabric", "lightning_fabric"):
+    _PATCHES[f"{_pkg}.fabric"] = [("Fabric", "log_dict", _fabric_log_dict)]
+    # TensorBoardLogger writes a placeholder hp_metric=-1 with the hyperparameters: not a metric of the run
+    _PATCHES[f"{_pkg}.loggers.tensorboard"] = [("TensorBoardLogger", "log_hyperparams", None)]
+
+
+# -- patching --------------------------------------------------------------------------------------
+
+
+def _broken(what: str, exc: BaseException) -> None:
+    if what not in _state["broken"]:
+        _state["broken"].add(what)
+        sys.stderr.write(
+            f"nblaunch: could not record the metrics logged through {what} ({type(exc).__name__}: {exc}); "
+            "the framework's own logging is unaffected, the chart leaves these out. Use log_metrics() instead.\n"
+        )
+
+
+def _wrap(owner: type, name: str, capture) -> None:
+    original = owner.__dict__.get(name)
+    if original is None or getattr(original, "_nblaunch_capture", False):
+        return
+    what = f"{owner.__name__}.{name}"
+
+    def wrapper(self, *args, **kwargs):
+        _depth[0] += 1
+        try:
+            result = original(self, *args, **kwargs)
+        finally:
+            _depth[0] -= 1
+        if capture is not None and not _depth[0] and what not in _state["broken"]:
+            try:
+                capture(self, args, kwargs)
+            except Exception as e:  # a logger we misread must never break the user's training
+                _broken(what, e)
+        return result
+
+    functools.update_wrapper(wrapper, original)
+    wrapper._nblaunch_capture = True
+    setattr(owner, name, wrapper)
+
+
+def _patch_module(module) -> None:
+    for cls_name, method, capture in _PATCHES.get(module.__name__, ()):
+        owner = module.__dict__.get(cls_name)
+        if isinstance(owner, type):
+            _wrap(owner, method, capture)
+
+
+class _PatchingLoader:
+    """The real loader, plus the patch once the module has run."""
+
+    def __init__(self, loader):
+        self._loader = loader
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        _patch_module(module)
+
+    def __getattr__(self, name):  # get_source, is_package, ...: whatever else asks the loader
+        return getattr(self._loader, name)
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: for a watched module it asks the other finders and wraps the loader."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in _PATCHES:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _PatchingLoader(spec.loader)
+                return spec
+        return None
+
+
+_FINDER = _PatchOnImport()
+
+
+def install_in_worker() -> bool:
+    """Capture the frameworks' loggers in this worker, if it shows metrics and capture is on. True if installed."""
+    from . import worker
+
+    ctx = worker.CURRENT
+    if ctx is None or os.environ.get(METRICS_ENV, "on") == "off":
+        return False
+    every_rank = os.environ.get(progress.SCOPE_ENV) == "all"
+    if ctx.rank != 0 and not every_rank:
+        return False  # log_metrics() would drop these ranks' points anyway: their calls cost nothing extra
+    _state.update(rank=ctx.rank, all=every_rank)
+    for name in _PATCHES:
+        module = sys.modules.get(name)
+        if module is not None:
+            _patch_module(module)
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    return True
