@@ -52,6 +52,7 @@ _HOOK_DICTS = (
 _HOOK_FLAGS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs", "_forward_hooks_always_called")
 _FSDP_ATTRS = ("_is_fsdp_managed_module", "_fsdp_use_orig_params")
 _ATOMIC = (int, float, complex, bool, str, bytes, bytearray, type(None), range, slice)
+_ATOMIC_TYPES = frozenset(_ATOMIC)
 _AGREE_WAIT = datetime.timedelta(days=7)  # ranks wait for the slowest; a failed rank gets them stopped by the kernel
 
 
@@ -116,14 +117,19 @@ class _Finder:
         self.seen: set[int] = set()
         self.marked: set[int] = set()  # ids of containers that hold something gathered
         self.stack: list[int] = []
+        self.parents: dict[int, set[int]] = {}  # object -> the containers it was reached from (shared objects too)
 
     def _found(self, kind: str, obj, path: str, meta: tuple) -> None:
         self.gathers.append(_Gather(kind, obj, path, meta))
         self.marked.update(self.stack)
 
     def visit(self, obj, path: str) -> None:
-        if isinstance(obj, _ATOMIC) or id(obj) in self.seen:
+        if isinstance(obj, _ATOMIC):
             return
+        if self.stack:
+            self.parents.setdefault(id(obj), set()).add(self.stack[-1])
+        if id(obj) in self.seen:
+            return  # walked already; if it holds something gathered, mark_paths() marks this parent too
         torch = self.torch
         if "dtensor" in self.cls and isinstance(obj, self.cls["dtensor"]):
             self.seen.add(id(obj))
@@ -144,11 +150,14 @@ class _Finder:
                 self._module(obj, path)
             elif isinstance(obj, dict):
                 for k, v in list(obj.items()):
-                    self.visit(k, f"{path}[{k!r}] (key)")
-                    self.visit(v, f"{path}[{k!r}]")
+                    if type(k) not in _ATOMIC_TYPES:
+                        self.visit(k, f"{path}[{k!r}] (key)")
+                    if type(v) not in _ATOMIC_TYPES:  # a list of a million floats is walked in milliseconds
+                        self.visit(v, f"{path}[{k!r}]")
             elif isinstance(obj, (list, tuple)):
                 for i, v in enumerate(obj):
-                    self.visit(v, f"{path}[{i}]")
+                    if type(v) not in _ATOMIC_TYPES:
+                        self.visit(v, f"{path}[{i}]")
             elif isinstance(obj, torch.optim.Optimizer):
                 self.visit(obj.__dict__.get("state"), f"{path}.state")
                 self.visit(obj.__dict__.get("param_groups"), f"{path}.param_groups")
@@ -157,6 +166,15 @@ class _Finder:
                     self.visit(v, f"{path}.{k}")
         finally:
             self.stack.pop()
+
+    def mark_paths(self) -> None:
+        """Mark every container above something gathered, whichever parent reached a shared object first."""
+        todo = [id(g.obj) for g in self.gathers] + list(self.marked)
+        while todo:
+            for parent in self.parents.get(todo.pop(), ()):
+                if parent not in self.marked:
+                    self.marked.add(parent)
+                    todo.append(parent)
 
     def _module(self, m, path: str) -> None:
         if "fsdp1" in self.cls:
@@ -177,6 +195,8 @@ class _Finder:
             if not name.startswith("_") and not isinstance(v, _ATOMIC):
                 self.visit(v, f"{path}.{name}")
         for name, child in m.__dict__.get("_modules", {}).items():
+            if child is not None:
+                self.parents.setdefault(id(child), set()).add(id(m))
             if child is not None and id(child) not in self.seen:
                 self.seen.add(id(child))
                 self.stack.append(id(child))
@@ -504,6 +524,7 @@ def gather_for_return(value, *, keep: bool):
         finder.stack, named = _roots(value)
         for obj, name in named:
             finder.visit(obj, name)
+        finder.mark_paths()
     if not dist.is_available() or not dist.is_initialized():
         if finder.gathers:
             raise ShardedResultError(

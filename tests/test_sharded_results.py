@@ -115,6 +115,21 @@ dt
     assert _lines(check) == ["True", "True"]
 
 
+def test_partial_dtensor_comes_back_reduced_and_fsdp_on_a_submodule_only_comes_back_whole(kernel):
+    cell = kernel.run("""%%distributed -n 2 --return partial,model
+from torch.distributed.tensor import Partial
+partial = DTensor.from_local(torch.full((2, 2), float(rank + 1)), init_device_mesh("cpu", (2,)), [Partial()])
+model = Net()
+fully_shard(model.a)                    # the root is left plain; the cell's result is model.a, shared with model
+""").ok()
+    assert cell.result["text/plain"] == "Linear(in_features=4, out_features=7, bias=True)"
+    check = kernel.run(
+        "print(torch.equal(partial, torch.full((2, 2), 3.0)), type(model.a) is nn.Linear, list(model.a.weight.shape),"
+        " type(model.a.weight) is nn.Parameter, no_dist_refs(model))"
+    ).ok()
+    assert _lines(check) == ["True", "True", "[7,", "4]", "True", "True"]
+
+
 def test_state_dicts_of_dtensors_come_back_as_full_tensors(kernel):
     kernel.run("""%%distributed -n 2 --return sd,osd,shapes,mixed
 torch.manual_seed(0)
