@@ -49,92 +49,109 @@ _state = {"rank": 0, "all": False, "broken": set()}
 # -- recording -------------------------------------------------------------------------------------
 
 
-def record(step, values: dict) -> None:
-    """One point into ``log_metrics()``'s buffer, sent to the kernel at most every METRICS_FLUSH_S.
+# log_metrics()'s own buffer and clock, bound once: a captured call must cost less than a log_metrics() call
+_pending = progress._pending_metrics
+_last_flush = progress._last_flush
+_FLUSH_S = progress.METRICS_FLUSH_S
+_monotonic = time.monotonic
+_tensor = [None]  # torch.Tensor, set at install (torch is imported in every worker by then)
+
+
+def record(step, values) -> None:
+    """One point (the numbers of ``values`` at ``step``) into ``log_metrics()``'s buffer and throttle.
 
     Example::
 
-        >>> record(10, {"loss": 0.25})   # doctest: +SKIP
+        >>> record(10, {"loss": 0.25, "lr": torch.tensor(1e-3)})   # doctest: +SKIP
     """
-    if not values:
-        return
-    if step is None:
-        step = values.pop("step", None)
-    else:
-        values.pop("step", None)
-    values.pop("rank", None)
-    point = {"step": step, **values}
-    if _state["all"]:
-        point["rank"] = _state["rank"]
-    progress._pending_metrics.append(point)
-    now = time.monotonic()
-    if now - progress._last_flush[0] >= progress.METRICS_FLUSH_S:
-        progress.flush_metrics(now)
+    _emit(point(step, values))
 
 
-def numbers(values, prefix: str = "") -> dict:
-    """The numeric entries of a logged mapping as floats (tensors and numpy scalars of one element included);
-    nested mappings become ``outer/inner``; text, images and histograms are left to the framework."""
-    out = {}
-    if not isinstance(values, Mapping):
+def point(step, values, prefix: str = "", out: dict | None = None) -> dict:
+    """``{"step": step, name: float, ...}`` from a logged mapping: numbers, and tensors or numpy scalars of one
+    element; nested mappings become ``outer/inner``; text, images and histograms are left to the framework.
+    A metric named ``step`` is the step when none is given (Lightning's convention)."""
+    out = {"step": step} if out is None else out
+    if type(values) is not dict and not isinstance(values, Mapping):
         return out
     for k, v in values.items():
         t = type(v)
-        if t is float or t is int or t is bool:
-            out[f"{prefix}{k}"] = float(v)
-        elif isinstance(v, Mapping):
-            out.update(numbers(v, f"{prefix}{k}/"))
+        key = k if not prefix and type(k) is str else f"{prefix}{k}"
+        if t is float:
+            pass
+        elif t is _tensor[0]:  # what Lightning and Accelerate users log most, after floats
+            if v.numel() != 1:
+                continue
+            v = float(v.item())
+        elif t is int or t is bool:
+            v = float(v)
+        elif t is dict or isinstance(v, Mapping):
+            point(None, v, f"{key}/", out)
+            continue
         elif t is not str and hasattr(v, "item") and hasattr(v, "ndim"):
             try:
-                if v.ndim == 0 or getattr(v, "size", None) == 1 or v.numel() == 1:
-                    out[f"{prefix}{k}"] = float(v.item())
+                if not (v.ndim == 0 or getattr(v, "size", None) == 1 or v.numel() == 1):
+                    continue
+                v = float(v.item())
             except (TypeError, ValueError, AttributeError, RuntimeError):
-                pass
+                continue
+        else:
+            continue
+        if key == "step" or key == "rank":
+            if key == "step" and out["step"] is None:
+                out["step"] = int(v) if v == int(v) else v
+            continue
+        out[key] = v
     return out
 
 
-def _arg(args, kwargs, i: int, name: str, default=None):
-    return args[i] if len(args) > i else kwargs.get(name, default)
+def _emit(p: dict) -> None:
+    if len(p) == 1:
+        return  # nothing numeric was logged
+    if _state["all"]:
+        p["rank"] = _state["rank"]
+    _pending.append(p)
+    now = _monotonic()
+    if now - _last_flush[0] >= _FLUSH_S:
+        progress.flush_metrics(now)
 
 
-# -- what each framework's method looks like ----------------------------------------------------------
+# -- what each framework's method looks like: (self, args, kwargs) of the call, after the framework ran ---
 
 
-def _accelerate_log(self, args, kwargs):
-    record(_arg(args, kwargs, 1, "step"), numbers(_arg(args, kwargs, 0, "values")))
+def _accelerate_log(self, args, kwargs):  # log(values, step=None, log_kwargs=None)
+    _emit(point(args[1] if len(args) > 1 else kwargs.get("step"), args[0] if args else kwargs.get("values")))
 
 
-def _trainer_log(self, args, kwargs):
-    # after Trainer.log ran, its logs hold the epoch too; the step is the trainer's global step
-    record(self.state.global_step, numbers(_arg(args, kwargs, 0, "logs")))
+def _trainer_log(self, args, kwargs):  # log(logs, start_time=None); Trainer.log added the epoch to logs
+    _emit(point(self.state.global_step, args[0] if args else kwargs.get("logs")))
 
 
-def _lightning_connector(self, args, kwargs):
-    metrics, step = _arg(args, kwargs, 0, "metrics"), _arg(args, kwargs, 1, "step")
-    values = numbers(metrics)
-    if not values:
-        return
-    if step is None and "step" not in values:  # as the connector does for its loggers
+def _lightning_connector(self, args, kwargs):  # log_metrics(metrics, step=None)
+    p = point(args[1] if len(args) > 1 else kwargs.get("step"), args[0] if args else kwargs.get("metrics"))
+    if len(p) > 1 and p["step"] is None:  # as the connector does for its loggers
         trainer = self.trainer
-        values.setdefault("epoch", float(trainer.current_epoch))
+        p.setdefault("epoch", float(trainer.current_epoch))
         loop = getattr(getattr(trainer, "fit_loop", None), "epoch_loop", None)
         step = getattr(loop, "_batches_that_stepped", None)
-        step = trainer.global_step if step is None else step
-    record(step, values)
+        p["step"] = trainer.global_step if step is None else step
+    _emit(p)
 
 
-def _fabric_log_dict(self, args, kwargs):
-    record(_arg(args, kwargs, 1, "step"), numbers(_arg(args, kwargs, 0, "metrics")))
+def _fabric_log_dict(self, args, kwargs):  # log_dict(metrics, step=None); fabric.log calls it
+    _emit(point(args[1] if len(args) > 1 else kwargs.get("step"), args[0] if args else kwargs.get("metrics")))
 
 
-def _add_scalar(self, args, kwargs):
-    tag = _arg(args, kwargs, 0, "tag")
-    record(_arg(args, kwargs, 2, "global_step"), numbers({tag: _arg(args, kwargs, 1, "scalar_value")}))
+def _add_scalar(self, args, kwargs):  # add_scalar(tag, scalar_value, global_step=None, ...)
+    tag = args[0] if args else kwargs.get("tag")
+    value = args[1] if len(args) > 1 else kwargs.get("scalar_value")
+    _emit(point(args[2] if len(args) > 2 else kwargs.get("global_step"), {tag: value}))
 
 
-def _add_scalars(self, args, kwargs):
-    main = _arg(args, kwargs, 0, "main_tag")
-    record(_arg(args, kwargs, 2, "global_step"), numbers(_arg(args, kwargs, 1, "tag_scalar_dict"), f"{main}/"))
+def _add_scalars(self, args, kwargs):  # add_scalars(main_tag, tag_scalar_dict, global_step=None, ...)
+    main = args[0] if args else kwargs.get("main_tag")
+    values = args[1] if len(args) > 1 else kwargs.get("tag_scalar_dict")
+    _emit(point(args[2] if len(args) > 2 else kwargs.get("global_step"), values, f"{main}/"))
 
 
 # module -> [(class name, method, capture or None: only mark the call so what it logs inside is not recorded)]
@@ -164,6 +181,7 @@ for _pkg in ("lightning.fabric", "lightning_fabric"):
 
 
 def _broken(what: str, exc: BaseException) -> None:
+    """Say once that a logger could not be read (the framework's own logging already ran)."""
     if what not in _state["broken"]:
         _state["broken"].add(what)
         sys.stderr.write(
@@ -177,14 +195,15 @@ def _wrap(owner: type, name: str, capture) -> None:
     if original is None or getattr(original, "_nblaunch_capture", False):
         return
     what = f"{owner.__name__}.{name}"
+    depth = _depth
 
     def wrapper(self, *args, **kwargs):
-        _depth[0] += 1
+        depth[0] += 1
         try:
             result = original(self, *args, **kwargs)
         finally:
-            _depth[0] -= 1
-        if capture is not None and not _depth[0] and what not in _state["broken"]:
+            depth[0] -= 1
+        if capture is not None and not depth[0]:
             try:
                 capture(self, args, kwargs)
             except Exception as e:  # a logger we misread must never break the user's training
@@ -251,6 +270,9 @@ def install_in_worker() -> bool:
     if ctx.rank != 0 and not every_rank:
         return False  # log_metrics() would drop these ranks' points anyway: their calls cost nothing extra
     _state.update(rank=ctx.rank, all=every_rank)
+    import torch
+
+    _tensor[0] = torch.Tensor
     for name in _PATCHES:
         module = sys.modules.get(name)
         if module is not None:

@@ -2,7 +2,7 @@
 
 Each metric gets its own panel with its own scale (a loss of 0.01 is never flattened by a
 learning-rate or an epoch counter), ticks and values on both axes, its name and latest value
-in the title, and a log scale when its values are positive and span three decades or more.
+in the title, and a log scale when its values are positive and span two decades (100x) or more.
 With ``progress="all"`` a panel has one line per rank. A metric logged once (Trainer's
 ``train_runtime``, say) is a value, not a curve: it is listed in a row of latest values.
 
@@ -27,7 +27,7 @@ COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e3
 PANEL_W, PANEL_H = 300, 160  # one metric's panel, in px
 LEFT, RIGHT, TOP, BOTTOM = 50, 12, 24, 30  # plot area margins inside a panel (room for ticks and title)
 GAP, COLUMNS = 10, 3
-LOG_DECADES = 3.0  # positive values spanning this many decades are drawn on a log scale
+LOG_DECADES = 2.0  # positive values spanning this many decades (100x) are drawn on a log scale
 _SKIP = ("step", "rank")
 
 
