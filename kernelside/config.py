@@ -313,6 +313,8 @@ def check_value(name: str, value: Any) -> Any:
         if not isinstance(v, bool):
             raise LaunchConfigError(name, value, _allowed(f))
     elif f.type == "str":
+        if name == "metrics" and isinstance(v, bool):  # YAML reads a bare `metrics: off` as false
+            v = "on" if v else "off"
         if name == "gpu_ids" and isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if name == "gpu_ids" and isinstance(v, (list, tuple)):
