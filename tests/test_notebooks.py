@@ -119,3 +119,17 @@ def test_live_ranks_notebook_keeps_the_model_across_cells_and_survives_a_failure
     assert "rank 0 weight norm" in text and "rank 1 weight norm" not in text
     assert "WorkerError nblaunch: rank 1 failed: ValueError: rank 1 fails on purpose" in text
     assert "still at step 80" in text and "live session stopped; nothing is left running" in text
+
+
+def test_sharded_and_loggers_notebook_returns_the_whole_fsdp_model_and_charts_writer_and_trainer_logs(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "sharded_and_loggers.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "rank 0: holds 32 of 64 rows of layer 0" in text  # a shard on the rank...
+    assert "Net [64, 16] mse on all data" in text  # ...the whole model in the notebook
+    assert "TensorBoard event files in" in text and ": 1" in text
+    assert "'grad_norm'" in text and "'learning_rate'" in text and "'train/loss'" not in text
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    charts = [m["state"]["value"] for m in state.values() if m["model_name"] == "HTMLModel"]
+    charts = [c for c in charts if c.startswith("<svg")]
+    assert any("train/loss: last" in c and "(150 points)" in c and "train/lr: last" in c for c in charts)
+    assert any("grad_norm: last" in c and "(20 points)" in c and "train_runtime</tspan>" in c for c in charts)

@@ -1,4 +1,5 @@
-"""The launch configuration: one schema (``fields``), its file (``files``), where values come from (``resolve``).
+"""The launch configuration: one schema (``fields``, ``launch_rules``), its file (``files``), where values come from
+(``resolve``).
 
 Everything that reads or writes ``nblaunch.yaml`` goes through this package: the engine
 (``notebook_launcher`` / ``%%distributed``), the JupyterLab server extension and, through
@@ -14,13 +15,10 @@ Example::
 
 from .fields import (
     ACCELERATE_PASSTHROUGH,
-    ALIASES,
-    DEFAULT_PORT,
     FIELDS,
     FIELDS_BY_NAME,
     MIXED_PRECISION,
     Field,
-    arguments,
     check_value,
     defaults,
     schema,
@@ -37,6 +35,7 @@ from .files import (
     save_config_file,
     write_text_atomic,
 )
+from .launch_rules import ALIASES, DEFAULT_PORT, arguments
 from .resolve import ResolvedConfig, resolve_config
 
 __all__ = [

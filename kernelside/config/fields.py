@@ -1,16 +1,11 @@
-"""The schema of the launch configuration: every key, its type, default, allowed values and help,
-plus the names and defaults that every path shares (aliases, default port and process count,
-the multi-machine rules).
-
-The magics, ``notebook_launcher``, the plan, the export, the server extension and the panel all
-read these; none keeps a copy.
+"""The schema of the launch configuration: every key, its type, default, allowed values and help, as
+the server extension and the panel show it (``launch_rules.py`` has the names and defaults every
+launch path shares).
 
 Example::
 
     >>> check_value("num_processes", "4")
     4
-    >>> arguments(use_port=29501, num_processes=None)
-    {'main_process_port': 29501}
 """
 
 from __future__ import annotations
@@ -109,6 +104,14 @@ FIELDS: tuple[Field, ...] = (
     ),
     Field(
         "progress", "str", "rank0", "Which ranks' progress bars show: rank0 or all.", "output", choices=("rank0", "all")
+    ),
+    Field(
+        "metrics",
+        "str",
+        "on",
+        "on: what Accelerate, Trainer, Lightning and TensorBoard log draws the live chart; off: only log_metrics().",
+        "output",
+        choices=("on", "off"),
     ),
     Field(
         "log_dir",
@@ -290,6 +293,8 @@ def check_value(name: str, value: Any) -> Any:
         if not isinstance(v, bool):
             raise LaunchConfigError(name, value, _allowed(f))
     elif f.type == "str":
+        if name == "metrics" and isinstance(v, bool):  # YAML reads a bare `metrics: off` as false
+            v = "on" if v else "off"
         if name == "gpu_ids" and isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if name == "gpu_ids" and isinstance(v, (list, tuple)):
@@ -331,67 +336,3 @@ def validate(values: dict) -> tuple[dict, dict[str, str]]:
         except LaunchConfigError as e:
             errors[k] = e.allowed_message
     return good, errors
-
-
-# -- names and defaults every path shares ---------------------------------------------------------
-
-# Other spellings of a key: Accelerate's notebook_launcher(use_port=...), the magics' --port.
-ALIASES = {"use_port": "main_process_port", "port": "main_process_port"}
-DEFAULT_PORT = 29500  # the rendezvous port across machines and in exported commands (torchrun's default)
-PROCESSES_WITHOUT_GPU = 2  # num_processes left empty on a machine without GPUs
-
-
-def arguments(**given) -> dict:
-    """Explicitly given launch settings under their schema names: aliases mapped, empty ones dropped.
-
-    ``use_port=0`` or ``""`` means "no port asked for", as in Accelerate.
-    """
-    out = {}
-    for key, value in given.items():
-        name = ALIASES.get(key, key)
-        if value is None or (name == "main_process_port" and value in ("", 0, "0")):
-            continue
-        if name not in FIELDS_BY_NAME:
-            raise LaunchConfigError(key, value, "a known key: " + ", ".join(FIELDS_BY_NAME))
-        out[name] = value
-    return out
-
-
-def default_processes_per_machine(gpus: int) -> int:
-    """One rank per GPU the launch uses, or PROCESSES_WITHOUT_GPU without GPUs."""
-    return gpus or PROCESSES_WITHOUT_GPU
-
-
-def processes_per_machine(values: dict, gpus: int, *, doing: str = "Nothing was started.") -> int:
-    """``num_processes`` counts every machine's processes (as in Accelerate's config): this machine's share."""
-    check_machines(values, doing=doing)
-    machines, total = values["num_machines"], values["num_processes"]
-    return default_processes_per_machine(gpus) if total is None else total // machines
-
-
-def check_machines(values: dict, *, doing: str = "Nothing was started.") -> None:
-    """The settings a launch across machines needs, checked before anything starts (or is written)."""
-    machines = values["num_machines"]
-    if machines == 1:
-        return
-    if values["main_process_ip"] is None:
-        raise LaunchConfigError(
-            "main_process_ip",
-            None,
-            None,
-            message=f"num_machines={machines} needs main_process_ip: the address of machine 0, which every machine "
-            f"can reach (or rdzv_endpoint='HOST:PORT' in notebook_launcher). {doing}",
-        )
-    if values["machine_rank"] >= machines:
-        raise LaunchConfigError(
-            "machine_rank", values["machine_rank"], f"0 .. {machines - 1} (num_machines={machines})"
-        )
-    n = values["num_processes"]
-    if n is not None and n % machines:
-        raise LaunchConfigError(
-            "num_processes",
-            n,
-            None,
-            message=f"num_processes={n} counts the processes of all num_machines={machines} machines and must "
-            f"divide evenly among them: use a multiple of {machines}. {doing}",
-        )

@@ -17,9 +17,10 @@ import time
 
 from tqdm import std as tqdm_std
 
+from .metrics_chart import MetricsChart, render_svg
+
 REDRAW_S = 0.1
 CHART_S = 0.5
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
 
 
 def widgets_can_render() -> bool:
@@ -62,44 +63,9 @@ def bar_text(state: dict) -> str:
     ).strip()
 
 
-def svg_chart(points: list[dict], width: int = 560, height: int = 180) -> str:
-    """One polyline per metric against step; self-contained SVG (no plotting library needed)."""
-    series: dict[str, list[tuple[float, float]]] = {}
-    for i, p in enumerate(points):
-        x = p.get("step")
-        x = i if x is None else x
-        for k, v in p.items():
-            if k in ("step", "rank") or not isinstance(v, (int, float)) or v != v:
-                continue
-            series.setdefault(k if "rank" not in p else f"{k}[{p['rank']}]", []).append((float(x), float(v)))
-    if not series:
-        return ""
-    pad = 36
-    xs = [x for s in series.values() for x, _ in s]
-    x0, x1 = min(xs), max(xs) or 1.0
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height + 22 * len(series)}" '
-        'style="font: 11px sans-serif; color: var(--jp-ui-font-color1, #333)">'
-    ]
-    for idx, (name, pts) in enumerate(series.items()):
-        ys = [y for _, y in pts]
-        y0, y1 = min(ys), max(ys)
-        span_y = (y1 - y0) or 1.0
-        span_x = (x1 - x0) or 1.0
-        coords = " ".join(
-            f"{pad + (x - x0) / span_x * (width - 2 * pad):.1f},"
-            f"{height - pad / 2 - (y - y0) / span_y * (height - pad):.1f}"
-            for x, y in pts
-        )
-        color = COLORS[idx % len(COLORS)]
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{coords}"/>')
-        last = pts[-1][1]
-        parts.append(
-            f'<text x="{pad}" y="{height + 16 + 22 * idx}" fill="{color}">{html.escape(name)}: '
-            f"last {last:.4g}, min {y0:.4g}, max {y1:.4g} ({len(pts)} points)</text>"
-        )
-    parts.append(f'<text x="{pad}" y="{height - 2}" fill="currentColor">step {x0:g} … {x1:g}</text></svg>')
-    return "".join(parts)
+def svg_chart(points: list[dict]) -> str:
+    """The metrics chart of ``points`` as a self-contained SVG (``metrics_chart.py``: a panel per metric)."""
+    return render_svg(points)
 
 
 class RunDisplay:
@@ -114,6 +80,7 @@ class RunDisplay:
         self.status = w.HTML(value="")
         self.bars_box = w.VBox([])
         self.chart = w.HTML(value="")
+        self.metrics_chart = MetricsChart()  # reads only the points that arrived since the last redraw
         self.box = w.VBox([self.status, self.bars_box, self.chart])
         self.bars: dict[tuple[int, int], dict] = {}  # (rank, bar id) -> {"state", "widget", "dirty"}
         self.dirty = False
@@ -161,7 +128,7 @@ class RunDisplay:
         if self.chart_dirty and (force or now - self.last_chart >= CHART_S):
             self.last_chart = now
             self.chart_dirty = False
-            self.chart.value = svg_chart(self.report.metrics)
+            self.chart.value = self.metrics_chart.render(self.report.metrics)
 
     def finish(self, error: BaseException | None) -> None:
         self.tick(force=True)

@@ -100,6 +100,7 @@ def _elastic_entry(blob, base: dict, error_dir: str):
             return_result=True,
             progress_render=base["render"],
             progress_scope=base["scope"],
+            metrics=base["metrics"],
         )
         events = _FileEvents(error_dir, rank)
         end = run_rank(spec, work, events)
@@ -213,6 +214,7 @@ class ElasticEngine:
             "backend": plan.backend,
             "render": self.render,
             "scope": plan.progress,
+            "metrics": plan.metrics,
         }
         # fork: the workers inherit the function (a cell's whole namespace, say); spawn: it travels by cloudpickle.
         work = (req.fn, req.args, req.kwargs)

@@ -106,6 +106,7 @@ class LocalEngine:
                 return_result=(r == 0 or req.return_all),
                 progress_render=self.render,
                 progress_scope=plan.progress,
+                metrics=plan.metrics,
             )
             for r in range(plan.num_processes)
         ]

@@ -126,6 +126,7 @@ def _ray_entry(config: dict) -> None:
             return_result=rank == 0 or config["return_all"],
             progress_render=config["render"],
             progress_scope=config["scope"],
+            metrics=config["metrics"],
             init_process_group=False,  # Ray Train has set the process group up across its workers
         )
         end = run_rank(spec, cloudpickle.loads(config["blob"]), events)
@@ -249,6 +250,7 @@ class RayEngine:
             "backend": self.plan.backend,
             "render": self.render,
             "scope": self.plan.progress,
+            "metrics": self.plan.metrics,
             "return_all": self.req.return_all,
         }
         self.blob = None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import sys
 
-from ..config.fields import arguments as config_arguments
+from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError, LaunchTimeoutError, WorkerError
 from .engine import launch
 from .request import LaunchRequest
@@ -53,6 +53,7 @@ def notebook_launcher(
     config=None,
     kwargs=None,
     engine=None,
+    metrics=None,
 ):
     """Run ``function(*args)`` on ``num_processes`` workers with torch.distributed set up; return rank 0's value.
 
@@ -61,7 +62,8 @@ def notebook_launcher(
     ``start_method`` ("auto" | "fork" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
     ("rank0" | "all" | "none"), ``return_all`` (list of every rank's value), ``timeout``
     (seconds), ``config`` (path of an nblaunch.yaml), ``kwargs`` (keyword arguments for
-    ``function``), ``engine`` ("local" | "ray": Ray Train on the cluster at ``ray_address``).
+    ``function``), ``engine`` ("local" | "ray": Ray Train on the cluster at ``ray_address``), ``metrics``
+    ("on" | "off": whether what Accelerate, Trainer, Lightning and TensorBoard log draws the live chart).
     Anything not given comes from nblaunch.yaml, then defaults. With ``num_nodes > 1`` every
     machine makes the same call (``node_rank`` 0, 1, ...) and torch's elastic launcher joins them
     at ``rdzv_endpoint``; ``num_processes`` is then per machine, as in Accelerate.
@@ -109,6 +111,7 @@ def notebook_launcher(
         output=output,
         timeout=timeout,
         engine=engine,
+        metrics=metrics,
     )
     req = LaunchRequest(
         fn=function,
@@ -163,6 +166,7 @@ def _across_machines(a: dict):
         gpu_ids=a["gpu_ids"],
         output=a["output"],
         timeout=a["timeout"],
+        metrics=a["metrics"],
     )
     req = LaunchRequest(
         fn=a["function"],

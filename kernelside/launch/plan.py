@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from ..config.fields import DEFAULT_PORT, default_processes_per_machine, processes_per_machine
+from ..config.launch_rules import DEFAULT_PORT, default_processes_per_machine, processes_per_machine
 from ..config.resolve import ResolvedConfig
 from ..errors import LaunchConfigError
 
@@ -40,6 +40,7 @@ class LaunchPlan:
     engine: str = "local"  # the engines.table name: "local" | "elastic" (across machines) | "ray"
     ray: dict | None = None  # engine "ray": address, use_gpu, resources_per_worker
     notices: tuple[str, ...] = ()  # lines the launch shows before it starts (why spawn, say)
+    metrics: str = "on"  # "on": the frameworks' loggers draw the chart too (worker/metric_capture.py)
     # Across machines (torch's elastic launcher)
     processes_per_machine: int = 0  # this machine's share of num_processes (0: all of them)
     num_machines: int = 1
@@ -234,6 +235,7 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
         engine="elastic" if machines > 1 else "local",
         notices=tuple(line for line in (reason, backend_reason) if line.startswith("nblaunch:")),
         processes_per_machine=per_machine,
+        metrics=v["metrics"],
         num_machines=machines,
         machine_rank=v["machine_rank"],
         main_process_ip=v["main_process_ip"],
@@ -288,5 +290,6 @@ def ray_plan(v: dict) -> LaunchPlan:
         base_env=env,
         engine="ray",
         processes_per_machine=n,
+        metrics=v["metrics"],
         ray={"address": v["ray_address"], "use_gpu": use_gpu, "resources_per_worker": per_worker},
     )

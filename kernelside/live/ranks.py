@@ -10,7 +10,7 @@ Example::
 
 from __future__ import annotations
 
-from ..config.fields import arguments as config_arguments
+from ..config.launch_rules import arguments as config_arguments
 from .session import LiveSession
 
 

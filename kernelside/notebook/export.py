@@ -30,7 +30,7 @@ import shlex
 from pathlib import Path
 
 from ..config import resolve_config
-from ..config.fields import DEFAULT_PORT, processes_per_machine
+from ..config.launch_rules import DEFAULT_PORT, processes_per_machine
 from ..errors import LaunchConfigError
 from ..launch import hardware
 from ..launch.plan import accelerate_env

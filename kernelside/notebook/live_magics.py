@@ -18,7 +18,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..config import resolve_config
-from ..config.fields import arguments as config_arguments
+from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
 from ..live import session as live
 from .cell import prepare_cell

@@ -20,7 +20,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..config import resolve_config
-from ..config.fields import arguments as config_arguments
+from ..config.launch_rules import arguments as config_arguments
 from ..engines.table import engine_class
 from ..errors import LaunchConfigError
 from ..launch import hardware
@@ -66,6 +66,11 @@ class DistributedMagics(Magics):
     @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
     @argument("--output", default=None, help="Whose output shows in the cell: rank0 | all | none.")
     @argument("--progress", default=None, help="Whose progress bars show: rank0 | all.")
+    @argument(
+        "--metrics",
+        default=None,
+        help="on | off: whether Accelerate, Trainer, Lightning and TensorBoard logs draw the live chart.",
+    )
     @argument(
         "--return",
         dest="return_names",
@@ -137,7 +142,7 @@ class DistributedMagics(Magics):
             program.namespace = shell.user_ns if plan.start_method == "fork" else ship_namespace(program, shell.user_ns)
             return program
 
-        arguments = flag_arguments(args, engine=args.engine)
+        arguments = flag_arguments(args, engine=args.engine, metrics=args.metrics)
         remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
         outcome = launch(req)

@@ -24,7 +24,16 @@ import threading
 import time
 import traceback
 
-from . import context, progress, rank_departure, rank_display, rank_identity, rank_stdin
+from . import (
+    context,
+    metric_capture,
+    progress,
+    rank_departure,
+    rank_display,
+    rank_identity,
+    rank_stdin,
+    sharded_results,
+)
 from .context import stamp
 from .results import dumps_result, unwrap_for_return
 
@@ -44,6 +53,7 @@ class RankSpec:
     return_result: bool = False
     progress_render: str = "text"
     progress_scope: str = "rank0"
+    metrics: str = "on"  # "on": the frameworks' loggers feed log_metrics() (metric_capture.py)
     init_process_group: bool = True  # False where the engine (Ray Train) sets the process group up
 
 
@@ -172,6 +182,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         main = sys.modules.get("__main__")
         _patch_init_process_group(list(namespaces) + ([vars(main)] if main is not None else []))
         progress.install_in_worker()
+        metric_capture.install_in_worker(spec.metrics == "on")
         return None
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         _report(events, e, phase)
@@ -185,9 +196,11 @@ def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
         value = fn(*args, **kwargs)
         progress.finish_in_worker()
         events.send("done", stamp())
+        phase = "result gather"  # every rank: sharded values (FSDP, DTensor) are gathered together
+        value = sharded_results.gather_for_return(unwrap_for_return(value), keep=spec.return_result)
         phase = "result"
         if spec.return_result:
-            events.send_result(dumps_result(unwrap_for_return(value)))
+            events.send_result(dumps_result(value))
         return RankEnd(0)
     except SystemExit as e:  # sys.exit(0) in user code is a normal end, like a script's
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -195,6 +208,8 @@ def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
             _report(events, e, phase)
         elif phase == "run":
             rank_departure.announce(events, e)  # peers still in a collective will blame this
+        if phase == "run":
+            sharded_results.leave()  # no peer waits for this rank's part of a gather
         return RankEnd(code, e if code else None)
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         if phase == "result":

@@ -52,7 +52,7 @@ def install(events, rank: int) -> None:
 
     Example::
 
-        >>> install(worker.CURRENT.events, rank=0)      # doctest: +SKIP
+        >>> install(current().events, rank=0)      # doctest: +SKIP
     """
     if rank != 0:
         _state["formatter"] = None

@@ -118,7 +118,7 @@ def install(events, replies_fd: int, rank: int) -> None:
 
     Example::
 
-        >>> install(worker.CURRENT.events, payload.replies_fd, rank=0)   # doctest: +SKIP
+        >>> install(current().events, payload.replies_fd, rank=0)   # doctest: +SKIP
     """
     _use_stdlib_pdb()
     if rank != STDIN_RANK or replies_fd < 0:

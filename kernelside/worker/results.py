@@ -13,6 +13,8 @@ import io
 import sys
 import types
 
+from . import sharded_results
+
 # Under fork, classes and functions the notebook defined before the launch exist in the
 # kernel too: results refer to them by name, so a returned ``Net`` instance is an instance
 # of the notebook's own ``Net`` class, not of a copy.
@@ -41,12 +43,19 @@ def _to_cpu_pickler():
     import cloudpickle
     import torch
 
+    shards = sharded_results.shard_types()
+
     class ToCPUPickler(cloudpickle.Pickler):
         def reducer_override(self, obj):
             if isinstance(obj, (type, types.FunctionType)) and _KERNEL_MAIN_OBJECTS.get(
                 getattr(obj, "__qualname__", None)
             ) == id(obj):
                 return (_kernel_main_attr, (obj.__qualname__,))
+            if shards and isinstance(obj, shards):  # never send a shard that looks like the whole
+                raise sharded_results.ShardedResultError(
+                    f"{sharded_results.describe_shard(obj)} is still in the return value: it sits inside an object "
+                    "nblaunch does not look into (one that pickles itself). Return it in a dict, list, tuple or module."
+                )
             if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
                 cpu = obj.detach().to("cpu")
                 if isinstance(obj, torch.nn.Parameter):  # modules need Parameters back, not tensors
