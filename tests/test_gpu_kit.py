@@ -26,7 +26,9 @@ pytestmark = pytest.mark.skipif(
 
 
 def _env() -> dict:
-    return {**os.environ, "PYTHONPATH": REPO}
+    # not the outer make's level and flags (under `make test` this runs inside a make): a make of its own
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
+    return {**env, "PYTHONPATH": REPO}
 
 
 @pytest.mark.parametrize("python", ["the venv's", "GPU_PY"])
