@@ -8,7 +8,7 @@ or, in IPython / Jupyter, ``%load_ext kernelside`` and a cell starting ``%%distr
 
 from . import cuda_guard as _cuda_guard
 from .engine import last_report
-from .errors import LaunchConfigError, LaunchError, LaunchTimeoutError, WorkerError
+from .errors import LaunchConfigError, LaunchError, LaunchStoppedError, LaunchTimeoutError, WorkerError
 from .launcher import notebook_launcher
 from .progress import log_metrics, progress
 
@@ -22,6 +22,7 @@ __all__ = [
     "LaunchConfigError",
     "LaunchError",
     "LaunchTimeoutError",
+    "LaunchStoppedError",
     "WorkerError",
     "load_ipython_extension",
     "worker_context",

@@ -30,7 +30,7 @@ import cloudpickle
 
 from . import cuda_guard, hardware
 from .config import resolve_config
-from .errors import LaunchConfigError, LaunchError, LaunchTimeoutError, WorkerError
+from .errors import LaunchConfigError, LaunchError, LaunchStoppedError, LaunchTimeoutError, WorkerError
 from .event_loop import TERMINATE_GRACE_S, EventLoop
 from .group import WorkerGroup
 from .output import RankOutputRouter
@@ -38,6 +38,7 @@ from .plan import LaunchPlan, make_plan
 from .progress import RENDER_ENV, SCOPE_ENV
 from .progress_view import make_run_display, render_mode
 from .report import LaunchReport, RankReport, format_failure_message
+from .run_tracker import track_run
 from .worker import Payload
 
 INTERRUPT_GRACE_S = 1.0
@@ -198,7 +199,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             "launches run one at a time. Wait for it to finish, then launch again."
         )
     try:
-        with _run_log_dir(plan) as log_dir:
+        with _run_log_dir(plan) as log_dir, track_run(log_dir, plan, last_report) as tracker:
             if plan.engine == "ray":  # Ray Train on a Ray cluster
                 from .ray_engine import launch_ray
 
@@ -210,12 +211,12 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             # handed over in a box that _run empties: the kernel holds no extra copy of the
             # pickled arguments once the workers have them
             box, blob = [blob], None
-            return _run(req, plan, box, log_dir, out, err)
+            return _run(req, plan, box, log_dir, out, err, tracker)
     finally:
         _launch_lock.release()
 
 
-def _run(req: LaunchRequest, plan: LaunchPlan, blob_box: list, log_dir: str, out, err) -> LaunchOutcome:
+def _run(req: LaunchRequest, plan: LaunchPlan, blob_box: list, log_dir: str, out, err, tracker) -> LaunchOutcome:
     t_call = time.monotonic()
     if plan.start_method == "fork":
         _warm_imports()
@@ -258,7 +259,7 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob_box: list, log_dir: str, out
         sock = None
         if display is not None:
             display.show()
-        loop = EventLoop(group, router, report, req, plan, t_call, display)
+        loop = EventLoop(group, router, report, req, plan, t_call, display, tracker)
         loop.run()
     except KeyboardInterrupt as e:
         report.outcome = "interrupted"
@@ -269,7 +270,8 @@ def _run(req: LaunchRequest, plan: LaunchPlan, blob_box: list, log_dir: str, out
         if sock is not None:
             sock.close()
         if group is not None:
-            group.close(grace=INTERRUPT_GRACE_S if report.outcome == "interrupted" else TERMINATE_GRACE_S)
+            # stopped from the panel: the loop gave the ranks their grace already
+            group.close(grace={"interrupted": INTERRUPT_GRACE_S, "stopped": 0}.get(report.outcome, TERMINATE_GRACE_S))
             for rr, w in zip(report.ranks, group.workers, strict=True):
                 rr.status = w.status
         router.finish()
@@ -306,7 +308,7 @@ def _outcome(report: LaunchReport, loop: EventLoop, req: LaunchRequest, router) 
     if report.failures:
         root = report.root_cause()
         message = format_failure_message(report, root, router)
-        cls = LaunchTimeoutError if report.outcome == "timeout" else WorkerError
+        cls = {"timeout": LaunchTimeoutError, "stopped": LaunchStoppedError}.get(report.outcome, WorkerError)
         raise cls(message, rank=root.rank, failures=report.failures, report=report)
     values = []
     for rank, body in enumerate(loop.results):

@@ -65,3 +65,8 @@ class WorkerError(_ShortTraceback, RuntimeError):
 
 class LaunchTimeoutError(WorkerError, TimeoutError):
     """The run took longer than its ``timeout``; every rank was stopped."""
+
+
+class LaunchStoppedError(WorkerError):
+    """The run was stopped from the launch panel (its Stop button or ``POST /nblaunch/runs/<id>/stop``);
+    every rank was stopped and nothing is left running. ``rank`` is None: no rank failed."""

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 from .channel import EventReader
 from .report import Failure
+from .run_control import STOPPED_MESSAGE
 
 if TYPE_CHECKING:  # annotations only: the engine imports this module
     from .engine import LaunchRequest
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # annotations only: the engine imports this module
     from .report import LaunchReport
 
 TERMINATE_GRACE_S = 2.0
+STOP_GRACE_S = 1.0  # Stop from the launch panel: SIGKILL sooner, so the run ends within 2 s
 
 
 class EventLoop:
@@ -40,6 +42,7 @@ class EventLoop:
         plan: LaunchPlan,
         t_call: float,
         display=None,
+        tracker=None,
     ):
         self.group, self.router, self.report, self.req, self.plan = group, router, report, req, plan
         self.display = display
@@ -48,7 +51,11 @@ class EventLoop:
         self.readers = [EventReader() for _ in group.workers]
         self.sel = selectors.DefaultSelector()
         self.stopping_since: float | None = None
+        self.grace = TERMINATE_GRACE_S
         self.ready = 0
+        self.tracker = tracker  # the launch panel's state file and Stop channel (run_tracker.RunTracker)
+        if tracker is not None:
+            tracker.attach(self.sel, self._stop_from_panel)
         for w in group.workers:
             p = w.pipes
             for fd in p.read_ends():
@@ -74,7 +81,7 @@ class EventLoop:
             if not alive:
                 return
             now = time.monotonic()
-            if self.stopping_since is not None and now - self.stopping_since > TERMINATE_GRACE_S:
+            if self.stopping_since is not None and now - self.stopping_since > self.grace:
                 return  # close() sends SIGKILL to what is left
             if deadline is not None and now >= deadline and self.stopping_since is None:
                 self._fail_timeout()
@@ -90,6 +97,8 @@ class EventLoop:
                 w, kind = key.data
                 if kind == "exit":
                     self._on_exit(w)
+                elif kind == "control":
+                    w.on_ready(key.fd)  # w: the run's control channel
                 else:
                     self._read(w, kind, key.fd)
             if polling:
@@ -99,6 +108,8 @@ class EventLoop:
             self.router.flush_stale()
             if self.display is not None:
                 self.display.tick()
+            if self.tracker is not None:
+                self.tracker.tick(self.report)
 
     def _read(self, w, kind: str, fd: int) -> bool:
         try:
@@ -200,6 +211,14 @@ class EventLoop:
             self.report.outcome = "failed"
             self.stopping_since = time.monotonic()
             self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
+
+    def _stop_from_panel(self) -> bool:
+        """Stop from the launch panel: the failure path (SIGTERM to all, SIGKILL after STOP_GRACE_S)."""
+        if self.stopping_since is not None:
+            return False
+        self._fail(Failure(rank=None, kind="stopped", t=time.monotonic(), message=STOPPED_MESSAGE))
+        self.report.outcome, self.grace = "stopped", STOP_GRACE_S
+        return True
 
     def _fail_timeout(self) -> None:
         self._fail(

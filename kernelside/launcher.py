@@ -6,7 +6,7 @@ import inspect
 import sys
 
 from .engine import LaunchRequest, launch
-from .errors import LaunchConfigError, LaunchTimeoutError, WorkerError
+from .errors import LaunchConfigError, LaunchStoppedError, LaunchTimeoutError, WorkerError
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "")
 
@@ -124,7 +124,7 @@ def notebook_launcher(
         try:
             outcome = launch(req)
             return outcome.values if return_all else outcome.value
-        except LaunchTimeoutError:
+        except (LaunchTimeoutError, LaunchStoppedError):  # a stopped run is never restarted
             raise
         except WorkerError as e:
             if attempt == max_restarts:

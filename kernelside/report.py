@@ -25,7 +25,7 @@ _PEER_LOSS = re.compile(
 @dataclasses.dataclass
 class Failure:
     rank: int | None  # None: the launch as a whole (timeout)
-    kind: str  # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout"
+    kind: str  # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout" | "stopped" (panel)
     message: str
     t: float  # monotonic time the failure happened (error events) or was seen (exits)
     traceback: str | None = None
@@ -76,7 +76,7 @@ class LaunchReport:
     started_at: float
     ranks: list[RankReport] = dataclasses.field(default_factory=list)
     failures: list[Failure] = dataclasses.field(default_factory=list)
-    outcome: str = "running"  # running | ok | failed | timeout | interrupted
+    outcome: str = "running"  # running | ok | failed | timeout | interrupted | stopped
     startup_s: float | None = None  # call → every rank running user code
     wall_s: float | None = None
     ended_at: float | None = None
@@ -125,7 +125,7 @@ class LaunchReport:
 def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     """What the user reads: which rank, why, its traceback, its last output, the others, the logs."""
     parts = []
-    if root.kind == "timeout":
+    if root.kind in ("timeout", "stopped"):
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
     else:
         where = f" during {root.phase}" if root.phase and root.phase != "run" else ""
