@@ -88,7 +88,7 @@ class RunFolders:
             for name in names:
                 try:
                     with RunDir.open(os.path.join(base, name)) as d:
-                        runs.append(_summary(d, d.read_json(STATE_FILE), d.in_use()))
+                        runs.append(self._summary(d, d.read_json(STATE_FILE), d.in_use()))
                 except RunFileError:
                     continue  # removed meanwhile, or not ours
         runs.sort(key=lambda r: (r["started"] or 0, r["id"]), reverse=True)
@@ -98,7 +98,7 @@ class RunFolders:
         """One run with its ranks; live ranks proven to be this run's carry cpu_percent, rss_bytes (and GPU use)."""
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
-            summary = _summary(d, state, d.in_use())
+            summary = self._summary(d, state, d.in_use())
         ranks = [dict(r) for r in (state or {}).get("ranks") or [] if isinstance(r, dict)]
         if summary["live"]:
             proven = {}
@@ -120,7 +120,7 @@ class RunFolders:
         tail = 200 if tail is None else min(_non_negative("tail", tail), MAX_TAIL_LINES)
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE) or {}
-            live = _summary(d, state, d.in_use())["live"]
+            live = self._summary(d, state, d.in_use())["live"]
             try:
                 got = d.read_log(f"rank{rank}.log", tail=tail, offset=offset)
             except RunFileError as e:
@@ -133,7 +133,7 @@ class RunFolders:
         """Ask the run's kernel to stop it. 409 with the reason if it has ended, has no owner, or takes no Stop."""
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
-            summary = _summary(d, state, d.in_use())
+            summary = self._summary(d, state, d.in_use())
             if summary["state"] not in LIVE_STATES:
                 raise PanelRequestError(409, f"{run_id} has already ended ({summary['state']}): nothing to stop")
             if not summary["live"]:
@@ -159,6 +159,17 @@ class RunFolders:
         except RunFileError as e:
             raise PanelRequestError(e.status, str(e)) from None
 
+    def _summary(self, d: RunDir, state: dict | None, in_use: bool) -> dict:
+        summary = _summary(d, state, in_use)
+        notebook = summary["notebook_path"]
+        if isinstance(notebook, str) and os.path.isabs(notebook):
+            try:  # Jupyter names the notebook by its full path: shown relative to this server's root
+                notebook = str(Path(notebook).relative_to(self.root))
+            except ValueError:
+                pass
+        summary["notebook"] = notebook
+        return summary
+
 
 def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
     """The fields every listing shows; state files are read, never trusted for paths or pids."""
@@ -181,7 +192,8 @@ def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
         "live": live,
         "started": started,
         "elapsed_s": elapsed if isinstance(elapsed, (int, float)) else None,
-        "notebook": s.get("notebook"),
+        "notebook": None,  # set by RunFolders._summary: notebook_path, relative to the root when inside it
+        "notebook_path": s.get("notebook") if isinstance(s.get("notebook"), str) else None,
         "kernel_id": s.get("kernel_id"),
         "kernel_pid": s.get("kernel_pid"),
         "engine": s.get("engine"),

@@ -15,6 +15,8 @@ import html
 import sys
 import time
 
+from .run_links import log_links_html
+
 REDRAW_S = 0.1
 CHART_S = 0.5
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
@@ -176,7 +178,7 @@ class RunDisplay:
             self.status.value = (
                 f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: '
                 f"{html.escape(self.report.outcome)}</b> — {first}<br/>logs: "
-                f"<code>{html.escape(self.report.log_dir)}</code></span>"
+                f"{log_links_html(self.report.log_dir, self.report.world_size)}</span>"
             )
 
     # -- drawing -------------------------------------------------------------------------
@@ -236,7 +238,7 @@ class RunDisplay:
         self.status.value = (
             f"<b>nblaunch</b> {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
             f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
-            f"<code>{html.escape(rep.log_dir)}</code>"
+            f"{log_links_html(rep.log_dir, rep.world_size)}"
         )
 
 

@@ -91,11 +91,15 @@ def config_with_logs(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def send_stop(run_dir: Path) -> dict:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        s.settimeout(5)
-        s.connect(str(run_dir / run_control.CONTROL_SOCKET))
-        s.sendall(b'{"op": "stop"}\n')
-        return json.loads(s.makefile().readline())
+    dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)  # pytest's folders can be too long for sun_path
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(5)
+            s.connect(run_control.socket_address(str(run_dir), dir_fd))
+            s.sendall(b'{"op": "stop"}\n')
+            return json.loads(s.makefile().readline())
+    finally:
+        os.close(dir_fd)
 
 
 def test_a_launch_keeps_state_json_from_running_to_done_with_ranks_and_report(tmp_path):
@@ -156,13 +160,14 @@ def test_stop_over_the_control_socket_ends_a_two_rank_run_within_2s_leaving_noth
 
 def test_the_control_channel_answers_bad_requests_and_ping_without_stopping(tmp_path):
     stops = []
+    dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     control = run_control.RunControl.listen(str(tmp_path))
     sel = selectors.DefaultSelector()
     control.register(sel, lambda: stops.append(1) or True)
 
     def ask(raw: bytes) -> dict:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.connect(str(tmp_path / run_control.CONTROL_SOCKET))
+            s.connect(run_control.socket_address(str(tmp_path), dir_fd))
             s.sendall(raw)
             deadline = time.monotonic() + 5
             answer = b""
@@ -185,6 +190,7 @@ def test_the_control_channel_answers_bad_requests_and_ping_without_stopping(tmp_
     finally:
         sel.close()
         control.close()
+        os.close(dir_fd)
     assert not (tmp_path / run_control.CONTROL_SOCKET).exists()
 
 

@@ -90,14 +90,15 @@ def wait_blocking(condition, timeout=60.0, what="condition"):
 
 
 @pytest.fixture
-def owner(run_base, request):
-    """A live 2-rank run (``steps`` lines per rank, 0.1 s apart) owned by another process."""
-    steps = getattr(request, "param", 600)
-    env = dict(os.environ, TMPDIR=str(run_base.parent), JPY_SESSION_NAME="work/demo.ipynb")
+def owner(run_base, jp_root_dir):
+    """A live 2-rank run (600 lines per rank, 0.1 s apart) owned by another process, as a kernel of
+    this server's (Jupyter names the notebook by its full path) would own it."""
+    notebook = jp_root_dir / "work" / "demo.ipynb"
+    env = dict(os.environ, TMPDIR=str(run_base.parent), JPY_SESSION_NAME=str(notebook))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("NBLAUNCH_CONFIG", None)
     process = subprocess.Popen(
-        [sys.executable, str(OWNER), str(steps), "0.1"],
+        [sys.executable, str(OWNER), "600", "0.1"],
         cwd=run_base.parent,
         env=env,
         stdout=subprocess.PIPE,
@@ -131,14 +132,17 @@ def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = Fa
     return d, None
 
 
-async def test_runs_lists_a_live_run_first_with_notebook_engine_state_and_elapsed(jp_fetch, run_base, owner):
+async def test_runs_lists_a_live_run_first_with_notebook_engine_state_and_elapsed(
+    jp_fetch, jp_root_dir, run_base, owner
+):
     forge_run(run_base, "run-20200101-000000-history", {"state": "done", "started": 1.0e9, "engine": "local"})
     code, runs = await fetch(jp_fetch)
     assert code == 200
     assert [r["id"] for r in runs] == [owner.run_id, "run-20200101-000000-history"]  # newest first
     live = runs[0]
     assert live["state"] == "running" and live["live"] is True and live["can_stop"] is True
-    assert live["notebook"] == "work/demo.ipynb" and live["engine"] == "local" and live["world_size"] == 2
+    assert live["notebook"] == "work/demo.ipynb" and live["notebook_path"] == str(jp_root_dir / "work/demo.ipynb")
+    assert live["engine"] == "local" and live["world_size"] == 2
     assert live["elapsed_s"] > 0 and live["root_cause"] is None
     assert runs[1]["state"] == "done" and runs[1]["live"] is False
 
