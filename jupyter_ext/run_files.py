@@ -152,7 +152,13 @@ class RunDir:
                     answer += chunk
             except (ConnectionRefusedError, FileNotFoundError):
                 raise RunFileError(409, "nothing listens on the run's control socket: its kernel is gone") from None
-            except (TimeoutError, OSError) as e:
+            except TimeoutError:
+                raise RunFileError(
+                    409,
+                    f"the run's kernel did not answer within {timeout:g} s (a run still starting its ranks "
+                    "takes the request once they run)",
+                ) from None
+            except OSError as e:
                 raise RunFileError(409, f"the run's kernel did not answer ({e}); it may be ending") from None
         try:
             reply = json.loads(answer.split(b"\n", 1)[0])

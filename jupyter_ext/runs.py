@@ -37,6 +37,7 @@ from .run_files import STATE_FILE, RunDir, RunFileError
 
 RUN_ID = re.compile(r"run-\d{8}-\d{6}-[A-Za-z0-9_]{1,64}")
 LIVE_STATES = ("starting", "running")
+STATES = (*LIVE_STATES, "done", "failed", "timeout", "interrupted", "stopped")  # kernelside/run_state.py
 STOP_TIMEOUT_S = 3.0
 MAX_TAIL_LINES = 10000
 
@@ -134,10 +135,12 @@ class RunFolders:
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
             summary = self._summary(d, state, d.in_use())
-            if summary["state"] not in LIVE_STATES:
-                raise PanelRequestError(409, f"{run_id} has already ended ({summary['state']}): nothing to stop")
+            if summary["state"] == "lost":
+                raise PanelRequestError(
+                    409, f"{run_id} has no owner any more: {summary['root_cause']}; nothing was signalled"
+                )
             if not summary["live"]:
-                raise PanelRequestError(409, f"{run_id} has no owner any more: the kernel that ran it is gone")
+                raise PanelRequestError(409, f"{run_id} has already ended ({summary['state']}): nothing to stop")
             if not state.get("control"):
                 raise PanelRequestError(
                     409,
@@ -174,7 +177,7 @@ class RunFolders:
 def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
     """The fields every listing shows; state files are read, never trusted for paths or pids."""
     s = state or {}
-    status = s.get("state") if isinstance(s.get("state"), str) else "unknown"
+    status = s.get("state") if s.get("state") in STATES else "unknown"
     root_cause = s.get("root_cause")
     live = status in LIVE_STATES and in_use
     if status in LIVE_STATES and not in_use:

@@ -135,6 +135,7 @@ class RunStateWriter:
         self.last_write = float("-inf")
         self.last_key = None
         self.pid_starts: dict[int, int | None] = {}
+        self.failed: OSError | None = None  # the first write that failed; later ones are not tried
 
     def update(self, report, *, final: bool = False, error: BaseException | None = None) -> bool:
         """Write the state if it changed or ``WRITE_EVERY_S`` passed (always when ``final``). True if written."""
@@ -145,7 +146,13 @@ class RunStateWriter:
         if not final and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
             return False
         self.last_key, self.last_write = key, now
-        self._write(self.snapshot(report, final=final, error=error))
+        if self.failed is not None:
+            return False
+        try:
+            self._write(self.snapshot(report, final=final, error=error))
+        except OSError as e:  # a full or read-only disk costs the panel its view of this run, never the run
+            self.failed = e
+            return False
         return True
 
     def snapshot(self, report, *, final: bool = False, error: BaseException | None = None) -> dict:

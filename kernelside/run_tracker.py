@@ -67,7 +67,12 @@ def track_run(run_dir: str, plan, current_report):
     making one leaves the previous launch's report there).
     """
     engine = engine_name(plan)
-    control = RunControl.listen(run_dir) if engine == "local" else None  # ray, elastic: their loops are not ours
+    control = None
+    if engine == "local":  # ray, elastic: their loops are not ours, so they take no Stop from the panel
+        try:
+            control = RunControl.listen(run_dir)
+        except OSError:  # a log_dir on a file system without sockets: the run goes on, without Stop
+            control = None
     writer = RunStateWriter(run_dir, engine=engine, has_control=control is not None, gpus=rank_gpus(plan))
     tracker = RunTracker(writer, control)
     error = None

@@ -211,3 +211,14 @@ def test_the_server_reads_the_names_and_pid_identity_the_kernel_writes():
     assert run_files.IN_USE_FILE == _IN_USE
     me = psutil.Process()
     assert rank_resources.proc_start_time(me.pid) == run_state.proc_start_time(me.pid) is not None
+
+
+def test_a_state_file_that_cannot_be_written_never_fails_the_run(tmp_path):
+    run_dir = tmp_path / "run-20250101-000000-gone"
+    run_dir.mkdir()
+    writer = run_state.RunStateWriter(str(run_dir), engine="local")
+    assert writer.update(None) is True
+    for p in run_dir.iterdir():
+        p.unlink()
+    run_dir.rmdir()  # the folder went away under the run (a cleaner, a full disk...)
+    assert writer.update(None, final=True) is False and isinstance(writer.failed, OSError)

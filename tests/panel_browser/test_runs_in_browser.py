@@ -89,7 +89,9 @@ def test_runs_view_shows_a_live_launch_its_logs_and_stop_ends_it(lab_server, bro
         expect(ranks.nth(1).locator("td").nth(3)).to_have_text(re.compile(r"^\d+(\.\d)?%$"))  # CPU, 2nd sample
         pids = [int(ranks.nth(r).locator("td").nth(1).inner_text()) for r in range(2)]
         run_dir = next((lab_server.root.parent / "tmp").glob(f"nblaunch-*/{run_id}"))
-        kernel_pid = json.loads((run_dir / "state.json").read_text())["kernel_pid"]
+        state = json.loads((run_dir / "state.json").read_text())
+        kernel_pid = state["kernel_pid"]
+        assert re.fullmatch(r"[0-9a-f-]{36}", state["kernel_id"])  # from ipykernel's connection file name
 
         # rank 1's output never reaches the cell: its log tab shows it, and follows the run
         ranks.nth(1).get_by_role("button", name="Logs").click()

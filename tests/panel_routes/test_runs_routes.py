@@ -223,7 +223,7 @@ async def test_stop_never_signals_the_process_a_forged_state_file_names(jp_fetch
         os.close(lock)
     assert stranger.poll() is None, "the process a forged state file named was signalled"
     code, answer = await fetch(jp_fetch, d.name, "stop", method="POST")  # lock released: no owner at all
-    assert code == 409 and "already ended (lost)" in answer["message"]
+    assert code == 409 and "has no owner any more" in answer["message"] and "nothing was signalled" in answer["message"]
     assert stranger.poll() is None
 
 
