@@ -1,13 +1,15 @@
 # The README's commands. Each one sets up what it needs by itself on a fresh machine.
-#   make demo  - run notebooks/quickstart.ipynb headless on 2 CPU workers
+#   make demo  - run notebooks/quickstart.ipynb and live_ranks.ipynb headless on 2 CPU workers
 #   make lab   - start JupyterLab on 127.0.0.1 with nblaunch installed
 #   make test  - lint and run the whole test suite
+#   make test-gpu   - the GPU test kit (tests/gpu/); refuses at once without a CUDA GPU
+#   make gpu-wheels - the Python 3.12 wheels tests/gpu/on_device.sh installs on a GPU machine without network
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.nblaunch-installed
 
-.PHONY: venv demo lab test lint bench clean
+.PHONY: venv demo lab test lint bench clean test-gpu gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -57,6 +59,7 @@ frontend-test: frontend
 
 demo: venv
 	$(PY) notebooks/execute.py notebooks/quickstart.ipynb
+	$(PY) notebooks/execute.py notebooks/live_ranks.ipynb
 
 lab: venv frontend
 	cd notebooks && ../$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ARGS)
@@ -73,3 +76,49 @@ bench: venv
 
 clean:
 	rm -rf $(VENV)
+
+# --- GPU test kit (tests/gpu/, issue 15) --------------------------------------------------
+# GPU_PY: the python that runs the GPU tests (default: the venv's, which `make venv` builds
+# first). The check runs before anything else and refuses with one line on a machine without
+# a CUDA GPU. On a GPU machine without network: `make gpu-wheels` here, carry .gpu-wheels/,
+# and run `bash tests/gpu/on_device.sh OUT` there (it installs the wheels and runs everything).
+GPU_PY ?=
+GPU_TEST_PY = $(or $(GPU_PY),$(PY))
+GPU_TEST_TIMEOUT ?= 120
+GPU_WHEELS ?= .gpu-wheels
+GPU_WHEEL_PACKAGES := ipython ipykernel ipywidgets jupyter_client nbclient nbformat
+GPU_WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
+	--platform manylinux2014_x86_64 --platform any
+# a Python 3.12 to check the set with (here: pyenv's); without one, pip's resolver checks it
+GPU_WHEELS_PY ?= $(firstword $(wildcard $(HOME)/.pyenv/versions/3.12*/bin/python3.12) $(shell command -v python3.12))
+
+GPU_STAMP := $(VENV)/.nblaunch-gpu-installed
+
+$(GPU_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,gpu]'
+	touch $(GPU_STAMP)
+
+# The driver check needs no torch, so a machine without a GPU is refused before any venv is built.
+test-gpu:
+	@$(or $(GPU_PY),python3) tests/gpu/require_cuda.py --driver-only
+	@$(if $(GPU_PY),,$(MAKE) --no-print-directory $(GPU_STAMP))
+	@$(GPU_TEST_PY) tests/gpu/require_cuda.py
+	PYTHONPATH=$(CURDIR)$${PYTHONPATH:+:$$PYTHONPATH} $(GPU_TEST_PY) -m pytest tests/gpu -p no:cacheprovider \
+		--timeout=$(GPU_TEST_TIMEOUT) -rA $(GPU_TEST_ARGS)
+
+gpu-wheels:
+	rm -rf $(GPU_WHEELS).new && mkdir -p $(GPU_WHEELS).new
+	python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
+		$(GPU_WHEEL_PLATFORMS) -d $(GPU_WHEELS).new $(GPU_WHEEL_PACKAGES)
+	rm -rf $(GPU_WHEELS) && mv $(GPU_WHEELS).new $(GPU_WHEELS)
+	@echo "$(GPU_WHEELS): $$(ls $(GPU_WHEELS) | wc -l) wheels, $$(du -sh $(GPU_WHEELS) | cut -f1)"
+	@if [ -n "$(GPU_WHEELS_PY)" ] && $(GPU_WHEELS_PY) -c 'import sys; assert sys.version_info[:2] == (3, 12)'; then \
+		t=$$(mktemp -d) && $(GPU_WHEELS_PY) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $$t \
+			$(GPU_WHEEL_PACKAGES) && PYTHONPATH=$$t $(GPU_WHEELS_PY) -c 'import IPython, ipykernel, ipywidgets, \
+			jupyter_client, nbclient, nbformat; print("complete: installs with --no-index and imports under", \
+			__import__("sys").version.split()[0])' ; s=$$?; rm -rf $$t; exit $$s; \
+	else \
+		python3 -m pip install -q --dry-run --no-index --find-links $(GPU_WHEELS) --python-version 3.12 \
+			--only-binary=:all: --target $$(mktemp -d) $(GPU_WHEEL_PACKAGES) \
+			&& echo "complete for pip's resolver (no Python 3.12 here to install it with)"; \
+	fi

@@ -18,6 +18,7 @@ import ctypes
 import datetime
 import os
 import platform
+import random
 import signal
 import socket
 import statistics
@@ -52,6 +53,28 @@ def torchrun_cmd(n: int, script: str, *args: str) -> list[str]:
         script,
         *args,
     ]
+
+
+def mark_ready(outdir: str, rank: int) -> None:
+    """A rank writes the wall time at which it runs user code (start-up ends here)."""
+    with open(os.path.join(outdir, f"ready{rank}"), "w") as fh:
+        fh.write(repr(time.time()))
+
+
+def ready_times(outdir: str, n: int) -> list[float]:
+    out = []
+    for rank in range(n):
+        with open(os.path.join(outdir, f"ready{rank}")) as fh:
+            out.append(float(fh.read()))
+    return out
+
+
+def bootstrap_median_interval(xs: list[float], reps: int = 4000, level: float = 0.90) -> tuple[float, float]:
+    """``level`` bootstrap interval of the median of ``xs`` (e.g. paired ratios), resampling with replacement."""
+    rng = random.Random(0)
+    meds = sorted(statistics.median(rng.choices(xs, k=len(xs))) for _ in range(reps))
+    tail = (1 - level) / 2
+    return meds[int(tail * reps)], meds[int((1 - tail) * reps) - 1]
 
 
 def median(xs) -> float:
@@ -240,12 +263,30 @@ def mem_available() -> int:
 # -- results --------------------------------------------------------------------------------------
 
 
-def machine() -> str:
+def machine(accel: str = "CPU/gloo") -> str:
     load = os.getloadavg()[0]
     return (
         f"{platform.machine()} with {os.cpu_count()} cores, {mem_available() / 2**30:.0f} GiB available, "
-        f"load average {load:.1f} when written, CPU/gloo"
+        f"load average {load:.1f} when written, {accel}"
     )
+
+
+def gpus_described() -> str:
+    """'1x NVIDIA H200 (143771 MiB, driver 580.159.03)' from nvidia-smi, which leaves CUDA alone here."""
+    try:
+        run = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "no nvidia-smi"
+    rows = [[f.strip() for f in line.split(",")] for line in run.stdout.splitlines() if line.strip()]
+    if not rows:
+        return "no GPU"
+    name, mib, driver = rows[0][:3]
+    return f"{len(rows)}x {name} ({mib} MiB, driver {driver})"
 
 
 def version() -> str:
@@ -258,10 +299,10 @@ def version() -> str:
     return f"nblaunch at {head.stdout.strip()}{' with local changes to kernelside/' if dirty.stdout.strip() else ''}"
 
 
-def heading(what: str, name: str, quick: bool, how: str) -> str:
+def heading(what: str, name: str, quick: bool, how: str, accel: str = "CPU/gloo", flags: str = "") -> str:
     """First line of a result file: what, when, where, which code, how many runs, the exact command."""
-    cmd = f"python -m bench.{name}{' --quick' if quick else ''}"
-    return f"{what}, {datetime.date.today()}, {machine()}, {version()}, {how} (`{cmd}`)."
+    cmd = f"python -m bench.{name}{' --quick' if quick else ''}{flags}"
+    return f"{what}, {datetime.date.today()}, {machine(accel)}, {version()}, {how} (`{cmd}`)."
 
 
 def write_result(name: str, quick: bool, text: str) -> str:

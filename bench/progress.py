@@ -5,7 +5,7 @@
 
 Part 1, in one nblaunch worker (rank 0 of 2, fork), rounds interleaved so drift hits every row alike:
 a loop of 1e6 empty iterations, bare, through ``progress()`` in the mode a Jupyter kernel sets
-(``NBLAUNCH_PROGRESS_RENDER=widgets``: throttled events to the kernel), through ``progress()`` in
+(``progress_render`` "widgets" in the rank's context: throttled events to the kernel), through ``progress()`` in
 text mode (tqdm on stderr), and through ``tqdm(file=/dev/null)``. Overhead per iteration is
 (loop time - bare loop time) / 1e6, median over the rounds.
 
@@ -51,14 +51,14 @@ MODES = ("bare", "progress() widgets", "progress() text", "tqdm(file=/dev/null)"
 def _loop(mode: str, n: int, devnull) -> float:
     from tqdm.std import tqdm
 
-    from kernelside import progress
+    from kernelside import progress, worker_context
 
     if mode == "bare":
         it = range(n)
     elif mode == "tqdm(file=/dev/null)":
         it = tqdm(range(n), file=devnull)
     else:
-        os.environ["NBLAUNCH_PROGRESS_RENDER"] = "widgets" if "widgets" in mode else "text"
+        worker_context().progress_render = "widgets" if "widgets" in mode else "text"
         it = progress(range(n), desc="bench")
     t0 = time.perf_counter()
     for _ in it:
@@ -85,11 +85,11 @@ def scenario(name: str, seconds: float):
     """In the worker: run one message-rate scenario for ``seconds``; return (duration, bars created)."""
     import torch.distributed as dist
 
-    from kernelside import progress
+    from kernelside import progress, worker_context
 
     if dist.get_rank() != 0:
         return None
-    os.environ["NBLAUNCH_PROGRESS_RENDER"] = "widgets"  # what a Jupyter kernel sets
+    worker_context().progress_render = "widgets"  # what a Jupyter kernel sets
     t0 = time.perf_counter()
     end = t0 + seconds
     bars = 1

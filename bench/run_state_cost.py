@@ -15,8 +15,8 @@ import tempfile
 import time
 import timeit
 
-from kernelside.report import LaunchReport, RankReport
-from kernelside.run_state import RunStateWriter
+from kernelside.launch.report import LaunchReport, RankReport
+from kernelside.launch.run_state import RunStateWriter
 
 
 def main() -> None:

@@ -89,7 +89,7 @@ def train(steps: int, chatty: bool, threads: int, result_path: str) -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from kernelside import progress
+    from kernelside import progress, worker_context
 
     if not dist.is_initialized():  # torchrun and Accelerate leave this to the user
         dist.init_process_group("gloo")
@@ -112,7 +112,7 @@ def train(steps: int, chatty: bool, threads: int, result_path: str) -> None:
         step()
     bar = None
     if chatty and rank == 0:
-        os.environ["NBLAUNCH_PROGRESS_RENDER"] = "widgets"  # what a Jupyter kernel sets (nblaunch only)
+        worker_context().progress_render = "widgets"  # what a Jupyter kernel sets (nblaunch only)
         bar = progress(total=steps, desc="train")
     dist.barrier()
     t0, c0 = time.perf_counter(), time.process_time()

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import yaml
 
-from kernelside import accelerate_config, config
+from kernelside import config
+from kernelside.config import accelerate as accelerate_config
 from kernelside.errors import LaunchConfigError
 
 from .errors import PanelRequestError

@@ -1,6 +1,6 @@
 """The machine's hardware, probed once per server in a worker thread.
 
-``kernelside.hardware.detect_hardware`` asks a short-lived child interpreter, so the server
+``kernelside.launch.hardware.detect_hardware`` asks a short-lived child interpreter, so the server
 process itself never initializes CUDA; the thread keeps the probe (a second or two of
 importing torch) off the server's event loop.
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kernelside.hardware import detect_hardware
+from kernelside.launch.hardware import detect_hardware
 
 
 class HardwareCache:

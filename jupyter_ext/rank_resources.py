@@ -16,21 +16,7 @@ from __future__ import annotations
 
 import psutil
 
-
-def proc_start_time(pid) -> int | None:
-    """Start time of ``pid`` in clock ticks after boot, or None (no such process). Same reading as the kernel's."""
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2 :].split()  # the command name may hold spaces and ')'
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return None
+from kernelside.launch.run_state import proc_start_time  # the kernel's reading, the same one
 
 
 def is_that_process(pid, recorded_start) -> bool:

@@ -2,7 +2,7 @@
 control socket, each opened relative to the folder's own descriptor with ``O_NOFOLLOW`` and
 closed before the request ends (the server holds no file of a run between requests).
 
-The names are the kernel side's contract (``kernelside/run_state.py``, ``run_control.py``,
+The names are the kernel side's contract (``kernelside/launch/run_state.py``, ``run_control.py``,
 ``engine._run_log_dir``); the server extension imports only ``kernelside.config``, so they are
 repeated here and a test checks both sides agree.
 
@@ -21,9 +21,13 @@ import os
 import socket
 import stat
 
-STATE_FILE = "state.json"
-CONTROL_SOCKET = "control.sock"
-IN_USE_FILE = ".in-use"
+# the run folder's contract is the kernel side's: these names are its (re-exported for the server)
+from kernelside.launch.run_control import CONTROL_SOCKET
+from kernelside.launch.run_dir import IN_USE_FILE
+from kernelside.launch.run_state import STATE_FILE
+
+__all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError"]
+
 MAX_STATE_BYTES = 1 << 20
 MAX_LOG_CHUNK = 1 << 20  # one answer carries at most this much of a log
 _SUN_PATH_MAX = 107

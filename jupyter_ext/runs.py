@@ -3,7 +3,7 @@ with its ranks, read a rank's log, and ask a run's kernel to stop it.
 
 Runs are the ``run-<time>-…`` folders that every launch creates (owner-only) in
 ``$TMPDIR/nblaunch-<uid>/`` and in the ``log_dir`` of the ``nblaunch.yaml`` this server's
-root sees. Each holds the ``state.json`` its kernel keeps up to date (kernelside/run_state.py),
+root sees. Each holds the ``state.json`` its kernel keeps up to date (kernelside/launch/run_state.py),
 the rank logs and, while the run is live, its control socket. A run counts as live while its
 kernel holds the folder's lock; a state file that says "running" without that lock belongs
 to a kernel that died mid-run and is shown as ``lost``.
@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import re
 import stat
-import tempfile
 import time
 from pathlib import Path
 
 from kernelside import config
 from kernelside.errors import LaunchConfigError
+from kernelside.launch.run_dir import runs_base
 
 from .errors import PanelRequestError
 from .rank_resources import RankSampler
@@ -37,7 +37,7 @@ from .run_files import STATE_FILE, RunDir, RunFileError
 
 RUN_ID = re.compile(r"run-\d{8}-\d{6}-[A-Za-z0-9_]{1,64}")
 LIVE_STATES = ("starting", "running")
-STATES = (*LIVE_STATES, "done", "failed", "timeout", "interrupted", "stopped")  # kernelside/run_state.py
+STATES = (*LIVE_STATES, "done", "failed", "timeout", "interrupted", "stopped")  # kernelside/launch/run_state.py
 STOP_TIMEOUT_S = 3.0
 MAX_TAIL_LINES = 10000
 
@@ -53,7 +53,7 @@ class RunFolders:
 
     def bases(self) -> list[str]:
         """The folders that hold run folders: the default one, and the config's ``log_dir`` if set."""
-        found = [os.path.join(tempfile.gettempdir(), f"nblaunch-{os.getuid()}")]
+        found = [runs_base(None)]
         try:
             log_dir = config.resolve_config(cwd=self.root).values.get("log_dir")
         except (LaunchConfigError, OSError, ValueError):

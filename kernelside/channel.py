@@ -3,7 +3,9 @@
 A message is an 8-byte big-endian length followed by a pickled ``(kind, payload)``
 tuple, or, when the length's top bit is set, a raw ``result`` body (already pickled bytes,
 so a large return value is not pickled twice and is received into one buffer).
-Kinds: ``ready``, ``done``, ``progress``, ``metrics``, ``result``, ``error``.
+Kinds: ``ready``, ``done``, ``progress``, ``metrics``, ``result``, ``error``, and ``idle`` (a live
+rank is back waiting for the next request; see ``worker.live_rank``). ``write_frame`` /
+``read_frame`` are the same framing the other way, for a live session's kernel → rank requests.
 The writer side lives in the worker (``EventWriter``); the kernel feeds whatever bytes a
 non-blocking read returned into an ``EventReader`` and gets whole messages back.
 
@@ -100,6 +102,31 @@ class EventReader:
                 body, self._body = self._body, None
                 yield ("result", body) if self._raw else pickle.loads(body)
 
-    @property
-    def pending_bytes(self) -> int:
-        return len(self._head) + self._filled
+
+# -- the kernel → rank request channel of a live session (one pipe per rank, only the kernel writes it) --
+def write_frame(fd: int, body: bytes) -> None:
+    """One length-prefixed message (blocking write): the kernel sends a live rank a request."""
+    for chunk in (_HEADER.pack(len(body)), body):
+        view = memoryview(chunk)
+        while view:
+            view = view[os.write(fd, view) :]
+
+
+def read_frame(fd: int) -> bytes | None:
+    """The next whole message from ``fd`` (blocking), or None when the writer closed the pipe."""
+    head = _read_exactly(fd, _HEADER.size)
+    if head is None:
+        return None
+    (size,) = _HEADER.unpack(head)
+    return _read_exactly(fd, size & ~_RAW)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = os.readv(fd, [view[got:]])
+        if n == 0:
+            return None
+        got += n
+    return bytes(buf) if size < (1 << 20) else buf

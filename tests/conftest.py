@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 import os
+import pathlib
 import socket
 
 import psutil
 import pytest
+
+GPU_TESTS = pathlib.Path(__file__).parent / "gpu"
+
+
+def pytest_ignore_collect(collection_path, config):
+    """tests/gpu/ needs CUDA: it runs only when named (make test-gpu), never as part of ``pytest tests``."""
+    if collection_path != GPU_TESTS and GPU_TESTS not in collection_path.parents:
+        return None
+    base = config.invocation_params.dir
+    for arg in config.args:
+        named = (base / arg.split("::")[0]).resolve()
+        if named == GPU_TESTS or GPU_TESTS in named.parents:
+            return None
+    return True
 
 
 def open_fds() -> set[int]:

@@ -16,11 +16,14 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Kernel:
     """One ipykernel started with this interpreter; ``run(code)`` returns what the cell showed."""
 
-    def __init__(self, cwd: str | None = None):
+    def __init__(self, cwd: str | None = None, pythonpath: str = REPO):
         self.km = KernelManager()
         self.km.kernel_spec_manager  # noqa: B018 - loads specs
         self.km.kernel_name = "python3"
-        self.km.start_kernel(cwd=cwd or REPO, extra_arguments=[], env={**os.environ, "PYTHONPATH": REPO})
+        # the kernel imports kernelside from ``pythonpath`` (its working directory is on sys.path too);
+        # a PYTHONPATH already set (the GPU kit's wheels, say) stays after it
+        path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
+        self.km.start_kernel(cwd=cwd or pythonpath, extra_arguments=[], env={**os.environ, "PYTHONPATH": path})
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -29,14 +32,22 @@ class Kernel:
     def pid(self) -> int:
         return self.km.provisioner.process.pid
 
-    def run(self, code: str, timeout: float = 120, *, on_output=None) -> Cell:
-        msg_id = self.kc.execute(code, allow_stdin=False)
+    def run(self, code: str, timeout: float = 120, *, on_output=None, on_input=None) -> Cell:
+        """Run a cell. ``on_input(prompt, password) -> str`` answers its input requests, as a frontend
+        does (the request then allows stdin, as JupyterLab's do); without it stdin is not allowed,
+        as with nbclient."""
+        msg_id = self.kc.execute(code, allow_stdin=on_input is not None)
         cell = Cell()
         deadline = time.monotonic() + timeout
         while True:
+            if on_input is not None:
+                self._answer_input(msg_id, cell, on_input)
             try:
-                msg = self.kc.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+                wait = 0.05 if on_input is not None else max(0.1, deadline - time.monotonic())
+                msg = self.kc.get_iopub_msg(timeout=wait)
             except queue.Empty:
+                if time.monotonic() < deadline and on_input is not None:
+                    continue
                 raise TimeoutError(f"cell did not finish in {timeout}s; outputs so far: {cell.outputs}") from None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
@@ -48,8 +59,29 @@ class Kernel:
                 cell.outputs.append((kind, content))
                 if on_output is not None:
                     on_output(kind, content)
-        cell.reply = self.kc.get_shell_msg(timeout=10)["content"]
+        cell.reply = self.reply_to(msg_id)["content"]
         return cell
+
+    def reply_to(self, msg_id: str, timeout: float = 30) -> dict:
+        """The shell reply to ``msg_id``. Replies to other requests are skipped: jupyter_client's
+        wait_for_ready() sends kernel_info requests until one is answered, and a slow start leaves
+        the extra replies queued."""
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.kc.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+            if msg["parent_header"].get("msg_id") == msg_id:
+                return msg
+
+    def _answer_input(self, msg_id: str, cell: Cell, on_input) -> None:
+        try:
+            msg = self.kc.get_stdin_msg(timeout=0)
+        except queue.Empty:
+            return
+        if msg["msg_type"] != "input_request" or msg["parent_header"].get("msg_id") != msg_id:
+            return
+        content = msg["content"]
+        cell.input_requests.append(content)
+        self.kc.input(on_input(content["prompt"], content["password"]))
 
     def interrupt(self) -> None:
         self.km.interrupt_kernel()
@@ -63,6 +95,7 @@ class Cell:
     def __init__(self):
         self.outputs: list[tuple[str, dict]] = []
         self.messages: list[tuple[str, dict]] = []  # every iopub message of the cell (comms included)
+        self.input_requests: list[dict] = []  # stdin input_request contents, in order
         self.reply: dict = {}
 
     @property

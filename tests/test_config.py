@@ -7,13 +7,13 @@ import os
 import pytest
 
 from kernelside import notebook_launcher
-from kernelside.accelerate_config import import_accelerate
 from kernelside.config import (
     find_config_path,
     load_config_file,
     resolve_config,
     save_config_file,
 )
+from kernelside.config.accelerate import import_accelerate
 from kernelside.errors import LaunchConfigError
 
 
@@ -136,3 +136,14 @@ def test_multi_machine_fields_accept_what_torchrun_and_ray_take():
     }
     cfg = resolve_config(values, config=os.devnull)
     assert {k: cfg.values[k] for k in values} == values
+
+
+def test_metrics_key_reads_yaml_on_and_off_and_names_bad_values(tmp_path):
+    # YAML 1.1 reads a bare on/off as true/false: the key means what the user wrote
+    (tmp_path / "nblaunch.yaml").write_text("metrics: off\n")
+    assert resolve_config({}, cwd=tmp_path).values["metrics"] == "off"
+    (tmp_path / "nblaunch.yaml").write_text("metrics: on\n")
+    assert resolve_config({}, cwd=tmp_path).values["metrics"] == "on"
+    assert resolve_config({"metrics": "off"}, cwd=tmp_path).sources["metrics"] == "argument"
+    with pytest.raises(LaunchConfigError, match="metrics.*'maybe'.*one of 'on', 'off'"):
+        resolve_config({"metrics": "maybe"}, cwd=tmp_path)

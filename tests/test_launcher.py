@@ -192,7 +192,7 @@ def test_rank_crash_while_peer_blocks_in_allreduce_returns_within_5s_naming_the_
     assert "rank 1 failed: ValueError: bad batch in rank 1" in msg
     assert 'raise ValueError("bad batch in rank 1")' in msg  # the remote traceback
     assert "rank 1 about to work" in msg  # the tail of its output
-    assert "kernelside/worker.py" not in err.remote_traceback
+    assert "kernelside/worker/" not in err.remote_traceback
     # rank 0 is either stopped by nblaunch or, if its all_reduce noticed the loss first, listed too
     assert "stopped by nblaunch: rank(s) 0" in msg or "also failed: rank 0:" in msg
     assert err.report.outcome == "failed"
@@ -431,7 +431,7 @@ class RecordingStream(io.StringIO):
 
 
 def test_output_flood_shows_head_count_and_tail_within_budget_and_logs_every_line(monkeypatch):
-    from kernelside import output
+    from kernelside.display import output
 
     cell = RecordingStream()
     monkeypatch.setattr(sys, "stdout", cell)

@@ -44,6 +44,20 @@ def test_accelerate_notebook_sees_multi_cpu_two_processes_bf16(tmp_path):
     assert "final loss (mean over ranks)" in text
 
 
+def test_lightning_notebook_fits_on_two_ranks_with_nblaunch_bars_and_a_figure(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "lightning.ipynb"), str(tmp_path))
+    text = _text(nb)
+    # 512 samples over 2 ranks, 32 a batch: 8 steps an epoch, 5 epochs; only rank 0's line shows
+    assert "rank 0 of 2: 40 steps" in text and "rank 1 of 2" not in text
+    assert "the returned model's MSE on all data" in text
+    launch_cell = next(c for c in nb.cells if c.cell_type == "code" and c.source.startswith("%%distributed"))
+    pngs = [o for o in launch_cell.outputs if o.get("output_type") == "display_data" and "image/png" in o["data"]]
+    assert len(pngs) == 1  # rank 0's plt.show(), stored in the notebook
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    bars = [m["state"] for m in state.values() if m["model_name"] == "FloatProgressModel"]
+    assert [(b["max"], b["value"]) for b in bars] == [(8.0, 8.0)]  # Lightning's bar, drawn by nblaunch
+
+
 MIXED = [
     "%load_ext kernelside",
     "import torch\nbase = torch.arange(4.0)",
@@ -95,3 +109,27 @@ def test_papermill_runs_a_magic_notebook_with_parameters(tmp_path):
     done = nbformat.read(out, 4)
     # the injected parameter reaches the magic's flags through IPython's $name expansion
     assert done.cells[-1].outputs[0]["text"] == "papermill world 5 5\n"
+
+
+def test_live_ranks_notebook_keeps_the_model_across_cells_and_survives_a_failure(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "live_ranks.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "live session up in" in text and "model built on 2 ranks" in text
+    assert "step 80, loss" in text  # the second training cell went on from the first
+    assert "rank 0 weight norm" in text and "rank 1 weight norm" not in text
+    assert "WorkerError nblaunch: rank 1 failed: ValueError: rank 1 fails on purpose" in text
+    assert "still at step 80" in text and "live session stopped; nothing is left running" in text
+
+
+def test_sharded_and_loggers_notebook_returns_the_whole_fsdp_model_and_charts_writer_and_trainer_logs(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "sharded_and_loggers.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "rank 0: holds 32 of 64 rows of layer 0" in text  # a shard on the rank...
+    assert "Net [64, 16] mse on all data" in text  # ...the whole model in the notebook
+    assert "TensorBoard event files in" in text and ": 1" in text
+    assert "'grad_norm'" in text and "'learning_rate'" in text and "'train/loss'" not in text
+    state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
+    charts = [m["state"]["value"] for m in state.values() if m["model_name"] == "HTMLModel"]
+    charts = [c for c in charts if c.startswith("<svg")]
+    assert any("train/loss: last" in c and "(150 points)" in c and "train/lr: last" in c for c in charts)
+    assert any("grad_norm: last" in c and "(20 points)" in c and "train_runtime</tspan>" in c for c in charts)

@@ -11,10 +11,10 @@ import types
 
 import pytest
 
-from kernelside import cuda_guard
 from kernelside.config import resolve_config
 from kernelside.errors import LaunchConfigError
-from kernelside.plan import make_plan
+from kernelside.launch import cuda_guard
+from kernelside.launch.plan import make_plan
 
 
 def plan(gpus=0, cuda_initialized=False, site=None, **arguments):
@@ -118,7 +118,8 @@ def test_several_machines_need_the_address_of_machine_0_a_valid_rank_and_an_even
 
 def test_several_machines_split_num_processes_and_leave_the_network_interface_alone():
     p = plan(num_machines=2, machine_rank=1, num_processes=4, main_process_ip="10.0.0.1", rdzv_backend="c10d")
-    assert (p.num_processes, p.num_machines, p.machine_rank) == (2, 2, 1)
+    assert (p.processes_per_machine, p.num_machines, p.machine_rank) == (2, 2, 1)
+    assert p.num_processes == 4  # every machine's ranks: num_processes means the same on every path
     assert (p.main_process_ip, p.rdzv_port, p.rdzv_backend) == ("10.0.0.1", 29500, "c10d")
     assert "GLOO_SOCKET_IFNAME" not in p.base_env and "TORCHELASTIC_USE_AGENT_STORE" not in p.base_env
 
@@ -158,3 +159,24 @@ def test_threads_per_worker_share_the_cores_unless_the_user_set_them(monkeypatch
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert "OMP_NUM_THREADS" not in plan(num_processes=2).env_for(0, 1)  # the kernel's own value is inherited
     assert plan(num_processes=2, env={"OMP_NUM_THREADS": "5"}).env_for(0, 1)["OMP_NUM_THREADS"] == "5"
+
+
+def test_more_ranks_than_gpus_says_once_why_gloo_and_not_nccl():
+    p = plan(gpus=1, num_processes=4)
+    assert p.backend == "gloo"
+    assert p.backend_reason.startswith("nblaunch: using gloo, not NCCL: 4 ranks share 1 GPU")
+    assert "every rank computes on cuda:0" in p.backend_reason and "at most 1 process." in p.backend_reason
+    assert "\n" not in p.backend_reason
+    # nothing to say when the choice is the expected one, or was the user's own
+    quiet = (plan(gpus=4), plan(gpus=0), plan(gpus=1, num_processes=4, backend="gloo"), plan(gpus=2, use_cpu=True))
+    for q in quiet:
+        assert not q.backend_reason.startswith("nblaunch:"), q.backend_reason
+
+
+def test_cuda_driver_initialized_below_torch_is_named_as_such_in_spawn_and_fork_messages():
+    site = f"{cuda_guard.BELOW_TORCH}: the CUDA driver (/usr/lib/libcuda.so.1) was initialized outside torch.cuda"
+    p = plan(gpus=1, cuda_initialized=True, site=site)
+    assert p.start_method == "spawn"
+    assert "CUDA was initialized in this kernel by a library below torch: the CUDA driver" in p.start_reason
+    with pytest.raises(LaunchConfigError, match="already initialized in this kernel by a library below torch"):
+        plan(gpus=1, cuda_initialized=True, site=site, start_method="fork")

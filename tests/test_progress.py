@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import textwrap
 
 import nbformat
@@ -184,7 +183,9 @@ def test_kernel_receives_a_bounded_number_of_progress_messages():
 
 def spin_with_widgets(n):
     # pytest is no Jupyter kernel, so the engine chose text bars; take the path a kernel would choose
-    os.environ["NBLAUNCH_PROGRESS_RENDER"] = "widgets"
+    from kernelside import worker_context
+
+    worker_context().progress_render = "widgets"
     spin(n)
 
 

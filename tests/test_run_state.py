@@ -16,8 +16,9 @@ import psutil
 import pytest
 
 from jupyter_ext import rank_resources, run_files
-from kernelside import LaunchStoppedError, WorkerError, notebook_launcher, run_control, run_state
-from kernelside.engine import _IN_USE
+from kernelside import LaunchStoppedError, WorkerError, notebook_launcher
+from kernelside.launch import run_control, run_state
+from kernelside.launch.run_dir import IN_USE_FILE
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
 
@@ -122,7 +123,7 @@ def test_a_launch_keeps_state_json_from_running_to_done_with_ranks_and_report(tm
     assert [r["state"] for r in final["ranks"]] == ["done", "done"] and final["root_cause"] is None
     d = watcher.run_dir()
     assert stat.S_IMODE(d.stat().st_mode) == 0o700  # owner-only run folder
-    assert sorted(p.name for p in d.iterdir()) == sorted([_IN_USE, "rank0.log", "rank1.log", "state.json"])
+    assert sorted(p.name for p in d.iterdir()) == sorted([IN_USE_FILE, "rank0.log", "rank1.log", "state.json"])
 
 
 def test_a_failing_launch_ends_failed_with_the_root_cause_line(tmp_path):
@@ -208,7 +209,7 @@ def test_a_long_run_folder_path_still_gets_a_control_socket(tmp_path):
 def test_the_server_reads_the_names_and_pid_identity_the_kernel_writes():
     assert run_files.STATE_FILE == run_state.STATE_FILE
     assert run_files.CONTROL_SOCKET == run_control.CONTROL_SOCKET
-    assert run_files.IN_USE_FILE == _IN_USE
+    assert run_files.IN_USE_FILE == IN_USE_FILE
     me = psutil.Process()
     assert rank_resources.proc_start_time(me.pid) == run_state.proc_start_time(me.pid) is not None
 

@@ -1,0 +1,157 @@
+"""The config file: parse, validate, write atomically, and find the one a launch reads.
+
+The file is found as: explicit path > ``$NBLAUNCH_CONFIG`` > ``nblaunch.yaml`` walking up from
+the working directory > Accelerate's default config (overlapping keys).
+
+Example::
+
+    >>> parse_config_text("num_processes: 4\n").values
+    {'num_processes': 4}
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+
+import yaml
+
+from ..errors import LaunchConfigError
+from .fields import ACCELERATE_PASSTHROUGH, FIELDS, FIELDS_BY_NAME, check_value, validate
+
+CONFIG_FILENAME = "nblaunch.yaml"
+ENV_CONFIG = "NBLAUNCH_CONFIG"
+
+
+def accelerate_default_config_path() -> Path:
+    """Where ``accelerate config`` writes its default file (same rules as Accelerate)."""
+    hf_home = os.environ.get("HF_HOME") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "huggingface"
+    )
+    return Path(hf_home) / "accelerate" / "default_config.yaml"
+
+
+@dataclasses.dataclass
+class ConfigFile:
+    """A parsed config file: known values, unknown keys (kept on save) and warnings."""
+
+    path: Path | None
+    values: dict
+    unknown: dict
+    warnings: list[str]
+
+
+def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
+    where = str(path) if path else "<config>"
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise LaunchConfigError(
+            None,
+            None,
+            None,
+            message=f"{where} is not valid YAML{line}: {getattr(e, 'problem', e)}. "
+            "Fix the file (or delete it to use defaults).",
+            path=path,
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise LaunchConfigError(
+            None,
+            None,
+            None,
+            path=path,
+            message=f"{where} must hold a mapping of keys to values, found {type(data).__name__}.",
+        )
+    values, unknown, warnings = {}, {}, []
+    for k, v in data.items():
+        k = str(k)
+        if k in FIELDS_BY_NAME:
+            try:
+                values[k] = check_value(k, v)
+            except LaunchConfigError as e:
+                e.path = path
+                raise
+        else:
+            unknown[k] = v
+            if k not in ACCELERATE_PASSTHROUGH:
+                warnings.append(f"{where}: unknown key {k!r} is kept but ignored")
+    return ConfigFile(path, values, unknown, warnings)
+
+
+def load_config_file(path: str | os.PathLike) -> ConfigFile:
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError:
+        raise LaunchConfigError(
+            None,
+            None,
+            None,
+            path=p,
+            message=f"config file {p} does not exist. Create it from the side panel, or pass an existing path.",
+        ) from None
+    return parse_config_text(text, p)
+
+
+def dump_config_text(values: dict, unknown: dict | None = None) -> str:
+    """YAML text for a config: known keys in schema order (non-default only), then unknown keys."""
+    out = {}
+    for f in FIELDS:
+        if f.name in values and values[f.name] != f.default:
+            out[f.name] = values[f.name]
+    for k, v in (unknown or {}).items():
+        if k not in FIELDS_BY_NAME:
+            out[k] = v
+    return yaml.safe_dump(out, sort_keys=False, default_flow_style=False) if out else "{}\n"
+
+
+def save_config_file(path: str | os.PathLike, values: dict, unknown: dict | None = None) -> Path:
+    """Validate, then write atomically (temporary file in the same folder, then rename)."""
+    good, errors = validate(values)
+    if errors:
+        k = next(iter(errors))
+        raise LaunchConfigError(k, values[k], None, message=f"{k}: {errors[k]}")
+    p = Path(path)
+    write_text_atomic(p, dump_config_text(good, unknown))
+    return p
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write a temporary file beside ``path``, then rename it over: readers see the old or the new file, whole."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o777)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def find_config_path(
+    start: str | os.PathLike | None = None, explicit: str | os.PathLike | None = None
+) -> tuple[Path | None, str]:
+    """The config file a launch from ``start`` would read, and why: (path or None, kind)."""
+    if explicit:
+        return Path(explicit), "explicit"
+    if os.environ.get(ENV_CONFIG):
+        return Path(os.environ[ENV_CONFIG]), ENV_CONFIG
+    here = Path(start or os.getcwd()).resolve()
+    for d in (here, *here.parents):
+        if (d / CONFIG_FILENAME).is_file():
+            return d / CONFIG_FILENAME, "nblaunch.yaml"
+    acc = accelerate_default_config_path()
+    if acc.is_file():
+        return acc, "accelerate"
+    return None, "none"

@@ -1,0 +1,204 @@
+"""Route the bytes workers write on fds 1/2: whole lines to the cell, everything to log files.
+
+Lines are assembled per (rank, stream) before they are shown, so a line is never split or
+merged with another rank's line. ``\\r``-terminated segments (text progress bars) count
+as lines too. With ``output="rank0"`` a partial line that sits unfinished for a moment
+(a prompt, ``print(..., end="")``) is shown anyway, since nothing else can interleave with
+it; with ``output="all"`` it waits for its newline so ``[rank N]`` prefixes stay clean.
+
+Every byte also goes, unmodified, to ``<log_dir>/rank<N>.log``, and the last lines of
+each rank are kept for error messages.
+
+What the cell shows is budgeted: a burst of ``SHOW_BURST_BYTES``, then ``SHOW_RATE_BYTES``
+per second. Lines over the budget are held back (counted, the last ones kept) until half the
+burst is available again; then one note says how many lines were left out and which log has
+them, and output goes on. At the end of the run the count and the last held-back lines are shown.
+
+Example::
+
+    >>> r = RankOutputRouter(2, "rank0", log_dir, sys.stdout, sys.stderr)   # doctest: +SKIP
+    >>> r.feed(0, "stdout", b"hello\\nwor"); r.feed(0, "stdout", b"ld\\n")
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+
+TAIL_LINES = 40
+# What the cell shows is budgeted (token bucket) below Jupyter server's default IOPub limit of
+# 1 MB/s over 3 s, so a flood of prints never stalls the notebook or makes the server drop output.
+SHOW_RATE_BYTES = 256 * 1024
+SHOW_BURST_BYTES = 1024 * 1024
+SHOW_RESUME_BYTES = SHOW_BURST_BYTES // 2  # once over budget, the cell waits until this much is back
+HELD_TAIL_LINES = 20  # of the lines held back, the last ones are shown when the run ends
+MAX_MESSAGE_BYTES = 64 * 1024  # flush the cell's stream this often: no single output message is larger
+PARTIAL_FLUSH_S = 0.25
+MAX_PENDING = 1 << 16
+
+
+def _prefix(template: str | None, mode: str, rank: int) -> str:
+    if template:
+        return (
+            template.replace("${rank}", str(rank))
+            .replace("${local_rank}", str(rank))
+            .replace("${role_name}", "default")
+        )
+    return f"[rank {rank}] " if mode == "all" else ""
+
+
+class _LineBuffer:
+    __slots__ = ("data", "since")
+
+    def __init__(self):
+        self.data = b""
+        self.since = 0.0
+
+
+class RankOutputRouter:
+    def __init__(self, world_size: int, mode: str, log_dir: str, stdout, stderr, prefix_template: str | None = None):
+        self.mode = mode
+        self.prefixes = {r: _prefix(prefix_template, mode, r) for r in range(world_size)}
+        self.log_dir = log_dir
+        self.sinks = {"stdout": stdout, "stderr": stderr}
+        self.buffers = {(r, s): _LineBuffer() for r in range(world_size) for s in ("stdout", "stderr")}
+        self.tails = {r: collections.deque(maxlen=TAIL_LINES) for r in range(world_size)}
+        self.logs = {}
+        self.log_paths = {}
+        self.budget, self.budget_t = float(SHOW_BURST_BYTES), time.monotonic()
+        self.held_back, self.held_rank = 0, 0
+        self.held_tail: collections.deque = collections.deque(maxlen=HELD_TAIL_LINES)
+        self.unflushed = 0
+        for r in range(world_size):
+            path = os.path.join(log_dir, f"rank{r}.log")
+            self.logs[r] = open(path, "ab", buffering=0)
+            self.log_paths[r] = path
+
+    def shown(self, rank: int) -> bool:
+        return self.mode == "all" or (self.mode == "rank0" and rank == 0)
+
+    def feed(self, rank: int, stream: str, data: bytes) -> None:
+        self.logs[rank].write(data)
+        buf = self.buffers[(rank, stream)]
+        if not buf.data:
+            buf.since = time.monotonic()
+        chunk = buf.data + data
+        cut = max(chunk.rfind(b"\n"), chunk.rfind(b"\r"))
+        if cut < 0:
+            buf.data = chunk
+            if len(chunk) > MAX_PENDING:  # a line this long is shown in pieces rather than held forever
+                self._emit(rank, stream, chunk)
+                buf.data = b""
+            return
+        whole, buf.data = chunk[: cut + 1], chunk[cut + 1 :]
+        buf.since = time.monotonic()
+        self._emit(rank, stream, whole)
+
+    def flush_stale(self, now: float | None = None) -> None:
+        """Show partial lines that have waited long enough (only where they cannot interleave)."""
+        if self.mode != "rank0":
+            return
+        now = time.monotonic() if now is None else now
+        for stream in ("stdout", "stderr"):
+            buf = self.buffers[(0, stream)]
+            if buf.data and now - buf.since >= PARTIAL_FLUSH_S:
+                data, buf.data = buf.data, b""
+                self._emit(0, stream, data)
+
+    def finish(self) -> None:
+        """Emit whatever is left (the run is over) and close the log files."""
+        for (rank, stream), buf in self.buffers.items():
+            if buf.data:
+                data, buf.data = buf.data, b""
+                self._emit(rank, stream, data if data.endswith((b"\n", b"\r")) else data + b"\n")
+        if self.held_back:  # the head was shown; now the count and the tail
+            tail = "".join(self.held_tail)
+            self._write("stdout", self._held_back_note().replace("]\n", f"; the last {len(self.held_tail)}:]\n"))
+            self._write("stdout", tail if tail.endswith("\n") else tail + "\n")
+            self.held_back = 0
+        for fh in self.logs.values():
+            fh.close()
+        for sink in self.sinks.values():
+            try:
+                sink.flush()
+            except Exception:
+                pass
+
+    def tail(self, rank: int, n: int = 20) -> str:
+        return "".join(list(self.tails[rank])[-n:])
+
+    def _emit(self, rank: int, stream: str, data: bytes) -> None:
+        text = data.decode("utf-8", errors="replace")
+        tail = self.tails[rank]
+        for line in text.splitlines(keepends=True):
+            if line.strip("\r\n"):
+                tail.append(line if line.endswith("\n") else line.rstrip("\r") + "\n")
+        if not self.shown(rank):
+            return
+        prefix = self.prefixes[rank]
+        if prefix:
+            text = "".join(prefix + ln for ln in text.splitlines(keepends=True))
+        self._show(rank, stream, text)
+
+    def spend(self, nbytes: int) -> bool:
+        """Take ``nbytes`` of the cell's budget for rich output (rank 0's display()); False: over it, left out."""
+        self._refill()
+        if self.held_back or nbytes > self.budget:
+            return False
+        self.budget -= nbytes
+        return True
+
+    def _refill(self) -> None:
+        now = time.monotonic()
+        self.budget = min(SHOW_BURST_BYTES, self.budget + (now - self.budget_t) * SHOW_RATE_BYTES)
+        self.budget_t = now
+
+    def _show(self, rank: int, stream: str, text: str) -> None:
+        """Write to the cell within the output budget; what is over it is counted, and its tail kept."""
+        self._refill()
+        if self.held_back:
+            if self.budget < SHOW_RESUME_BYTES:  # keep holding until a good share of the budget is back
+                self._hold(rank, text.splitlines(keepends=True))
+                return
+            note = self._held_back_note()
+            self.budget -= len(note)
+            self._write(stream, note)
+            self.held_back = 0
+            self.held_tail.clear()
+        shown = text
+        if len(text) > self.budget:  # show the whole lines that fit, hold back the rest
+            lines, used, fit = text.splitlines(keepends=True), 0, 0
+            while fit < len(lines) and used + len(lines[fit]) <= self.budget:
+                used += len(lines[fit])
+                fit += 1
+            shown = "".join(lines[:fit])
+            self._hold(rank, lines[fit:])
+        if shown:
+            self.budget -= len(shown)
+            self._write(stream, shown)
+
+    def _hold(self, rank: int, lines: list[str]) -> None:
+        self.held_back += len(lines)
+        self.held_tail.extend(lines)
+        self.held_rank = rank
+
+    def _held_back_note(self) -> str:
+        return (
+            f"[nblaunch: {self.held_back} line(s) not shown here: output above {SHOW_RATE_BYTES // 1024} KiB/s "
+            f"is held back to keep the notebook responsive; every line is in {self.log_paths[self.held_rank]}]\n"
+        )
+
+    def _write(self, stream: str, text: str) -> None:
+        """Write, flushing at line boundaries so that no single output message exceeds MAX_MESSAGE_BYTES."""
+        sink = self.sinks[stream]
+        if self.unflushed + len(text) <= MAX_MESSAGE_BYTES:
+            sink.write(text)
+            self.unflushed += len(text)
+            return
+        for line in text.splitlines(keepends=True):
+            if self.unflushed and self.unflushed + len(line) > MAX_MESSAGE_BYTES:
+                sink.flush()
+                self.unflushed = 0
+            sink.write(line)
+            self.unflushed += len(line)

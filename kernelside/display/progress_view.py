@@ -1,0 +1,219 @@
+"""The kernel side of progress: widgets for bars, a live metrics chart, and the run's status line.
+
+``RunDisplay`` receives the workers' ``progress`` and ``metrics`` events from the engine's
+loop and redraws at most every ``REDRAW_S`` (bars) / ``CHART_S`` (chart) — whatever rate
+the workers send at. All widgets are plain ipywidgets (the chart is an SVG in an HTML
+widget), so a saved notebook with widget state shows the final bars and chart again.
+
+``make_run_display()`` returns None where widgets cannot render (a terminal IPython, no
+ipywidgets, ``output="none"``); workers then draw tqdm text bars on stderr instead.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+import time
+
+from tqdm import std as tqdm_std
+
+from .metrics_chart import MetricsChart, render_svg
+from .run_links import log_links_html
+
+REDRAW_S = 0.1
+CHART_S = 0.5
+
+
+def widgets_can_render() -> bool:
+    """True inside a Jupyter kernel (not terminal IPython) with ipywidgets installed."""
+    ip_mod = sys.modules.get("IPython")
+    shell = ip_mod.get_ipython() if ip_mod is not None else None
+    if shell is None or getattr(shell, "kernel", None) is None:
+        return False
+    try:
+        import ipywidgets  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def render_mode(output: str) -> str:
+    """What workers should do with progress: 'widgets', 'text' or 'off'."""
+    if output == "none":
+        return "text"  # text bars then land in the log files only
+    return "widgets" if widgets_can_render() else "text"
+
+
+def _fmt_time(s: float | None) -> str:
+    if s is None or s != s or s == float("inf"):
+        return "?"
+    return tqdm_std.tqdm.format_interval(s)
+
+
+def bar_text(state: dict) -> str:
+    """' 37% 37/100 [00:03<00:05, 12.10it/s, loss=0.3]' from a progress event: tqdm's own meter, without the bar."""
+    return tqdm_std.tqdm.format_meter(
+        state["n"],
+        state["total"],
+        state["elapsed"],
+        ncols=0,
+        unit=state["unit"],
+        unit_scale=state.get("unit_scale") or False,
+        rate=state["rate"],
+        postfix=state["postfix"] or None,
+    ).strip()
+
+
+def svg_chart(points: list[dict]) -> str:
+    """The metrics chart of ``points`` as a self-contained SVG (``metrics_chart.py``: a panel per metric)."""
+    return render_svg(points)
+
+
+class RunDisplay:
+    """Status line + progress bars + metrics chart for one launch, in the cell that started it."""
+
+    def __init__(self, report, scope: str):
+        import ipywidgets as w
+
+        self.w = w
+        self.report = report
+        self.scope = scope
+        self.status = w.HTML(value="")
+        self.bars_box = w.VBox([])
+        self.chart = w.HTML(value="")
+        self.metrics_chart = MetricsChart()  # reads only the points that arrived since the last redraw
+        self.box = w.VBox([self.status, self.bars_box, self.chart])
+        self.bars: dict[tuple[int, int], dict] = {}  # (rank, bar id) -> {"state", "widget", "dirty"}
+        self.dirty = False
+        self.chart_dirty = False
+        self.t0 = time.monotonic()
+        self.last_draw = 0.0
+        self.last_chart = 0.0
+        self.spare: list = []  # widgets of finished leave=False bars, ready for the next bar
+
+    def show(self) -> None:
+        from IPython.display import display
+
+        self._draw_status()
+        display(self.box)
+
+    # -- events from the engine loop ---------------------------------------------------
+    def on_event(self, rank: int, kind: str, payload) -> None:
+        if kind == "progress":
+            key = (rank, payload["id"])
+            entry = self.bars.get(key)
+            if entry is None:
+                entry = self.bars[key] = {"state": payload, "widget": self._new_bar(rank, payload)}
+                self._relayout()
+            entry["state"] = payload
+            entry["dirty"] = True
+            self.dirty = True
+            if payload["closed"]:
+                self._update_bar(entry)  # the final state is always drawn, never throttled away
+                if not payload["leave"]:
+                    self.spare.append(self.bars.pop(key)["widget"])
+                    self._relayout()
+        elif kind == "metrics":
+            self.chart_dirty = True
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if force or now - self.last_draw >= REDRAW_S:
+            self.last_draw = now
+            if self.dirty or force:
+                for entry in self.bars.values():
+                    if entry.get("dirty"):
+                        self._update_bar(entry)
+                self.dirty = False
+            self._draw_status()
+        if self.chart_dirty and (force or now - self.last_chart >= CHART_S):
+            self.last_chart = now
+            self.chart_dirty = False
+            self.chart.value = self.metrics_chart.render(self.report.metrics)
+
+    def finish(self, error: BaseException | None) -> None:
+        self.tick(force=True)
+        for box in self.spare:  # hidden and never shown again: free their models in the kernel and page
+            for widget in (*box.children, box):
+                widget.close()
+        self.spare.clear()
+        for entry in self.bars.values():
+            st = entry["state"]
+            if error is not None and not st["closed"]:
+                entry["widget"].children[0].bar_style = "danger"
+        if error is not None:
+            first = html.escape(str(error).splitlines()[0] if str(error) else type(error).__name__)
+            self.status.value = (
+                f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: '
+                f"{html.escape(self.report.outcome)}</b> — {first}<br/>logs: "
+                f"{log_links_html(self.report.log_dir, self.report.world_size)}</span>"
+            )
+
+    # -- drawing -------------------------------------------------------------------------
+    def _new_bar(self, rank: int, st: dict):
+        w = self.w
+        label = st["desc"] or ""
+        if self.scope == "all":
+            label = f"[rank {rank}] {label}"
+        if self.spare:  # a finished leave=False bar's widgets: an inner loop reuses one pair, not N
+            box = self.spare.pop()
+            bar, text = box.children
+            bar.description, bar.max, bar.value, bar.bar_style = label, float(st["total"] or 1), 0.0, ""
+            bar.layout.margin = f"0 0 0 {2 * st['depth']}em"
+            text.value = ""
+            return box
+        bar = w.FloatProgress(
+            value=0.0,
+            min=0.0,
+            max=float(st["total"] or 1),
+            description=label,
+            style={"description_width": "initial"},
+            layout=w.Layout(width="50%", margin=f"0 0 0 {2 * st['depth']}em"),
+        )
+        return w.HBox([bar, w.HTML(value="")])
+
+    def _update_bar(self, entry: dict) -> None:
+        st, box = entry["state"], entry["widget"]
+        bar, text = box.children
+        if st["total"]:
+            bar.max = float(st["total"])
+            bar.value = float(min(st["n"], st["total"]))
+        else:  # unknown length: a full bar that shows activity
+            bar.max, bar.value = 1.0, 1.0
+        if st["closed"]:
+            bar.bar_style = "success" if not st["total"] or st["n"] >= st["total"] else "danger"
+        text.value = f"<code>{html.escape(bar_text(st))}</code>"
+        entry["dirty"] = False
+
+    def _relayout(self) -> None:
+        order = sorted(self.bars, key=lambda k: (k[1], k[0]) if self.scope == "all" else (k[0], k[1]))
+        self.bars_box.children = tuple(self.bars[k]["widget"] for k in order)
+
+    def _draw_status(self) -> None:
+        rep = self.report
+        counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}
+        failed = {f.rank for f in rep.failures}
+        for r in rep.ranks:
+            if r.rank in failed:
+                counts["failed"] += 1
+            elif r.status is not None:
+                counts["done" if r.status.ok else "failed"] += 1
+            elif r.done_s is not None:
+                counts["done"] += 1
+            elif r.ready_s is not None:
+                counts["running"] += 1
+            else:
+                counts["starting"] += 1
+        parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
+        live = f" {html.escape(rep.session)}:" if rep.session else ""
+        self.status.value = (
+            f"<b>nblaunch</b>{live} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
+            f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
+            f"{log_links_html(rep.log_dir, rep.world_size)}"
+        )
+
+
+def make_run_display(report, output: str, scope: str) -> RunDisplay | None:
+    if render_mode(output) != "widgets":
+        return None
+    return RunDisplay(report, scope)

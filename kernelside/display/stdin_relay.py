@@ -1,0 +1,124 @@
+"""Kernel side of rank 0's prompts: ask the notebook's frontend, without stopping the kernel loop.
+
+The question is asked with the kernel's own ``input()`` / ``getpass()`` as the launching cell sees
+them (ipykernel forwards those to the frontend's stdin channel when the request allowed stdin, and
+raises ``StdinNotImplementedError`` when it did not), in a thread: the kernel loop keeps routing
+output and watching the ranks while the user types, so another rank's failure still stops the
+launch at once. The answer wakes the loop through a pipe and goes to the rank on its replies pipe.
+
+A question still open when the launch ends is withdrawn: its thread gets a ``KeyboardInterrupt``
+(ipykernel's wait for the reply ends on it, as on ■), so no stale reader is left on the kernel's
+stdin channel to take the answer meant for a later ``input()``.
+
+Example::
+
+    >>> relay = StdinRelay()                                        # doctest: +SKIP
+    >>> relay.ask(rank0_replies_fd, {"id": 1, "prompt": "name? ", "password": False})
+    >>> ...  # the loop calls relay.on_wake() when relay.wake_fd is readable
+    >>> relay.close()
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextvars
+import ctypes
+import getpass
+import os
+import queue
+import threading
+
+from ..channel import encode
+
+WITHDRAW_WAIT_S = 1.0
+
+
+class StdinRelay:
+    """Asks the frontend for one line at a time, in a thread; answers are delivered by the kernel loop."""
+
+    def __init__(self):
+        # the kernel's forwarding functions, as the launching cell sees them (ipykernel swaps them per request)
+        self._ask_line = builtins.input
+        self._ask_secret = getpass.getpass
+        self.wake_fd, self._wake_w = os.pipe()
+        os.set_blocking(self.wake_fd, False)
+        self._answers: queue.SimpleQueue = queue.SimpleQueue()
+        self._lock = threading.Lock()  # guards _wake_w against close() (an fd number can be reused)
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self.asked = 0
+
+    @property
+    def waiting(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def ask(self, reply_fd: int, request: dict) -> None:
+        """Start asking the frontend; the answer (or the error the kernel's input() raised) comes back later."""
+        self.asked += 1
+        ctx = contextvars.copy_context()  # the cell's request context: the frontend that asked gets the prompt
+        self._thread = threading.Thread(
+            target=ctx.run, args=(self._ask, reply_fd, request), name="nblaunch-stdin", daemon=True
+        )
+        self._thread.start()
+
+    def _ask(self, reply_fd: int, request: dict) -> None:
+        reply = {"id": request.get("id")}
+        try:
+            fn = self._ask_secret if request.get("password") else self._ask_line
+            reply["value"] = str(fn(request.get("prompt", "")))
+        except BaseException as e:  # noqa: B036 - whatever the kernel's input() raised, the rank raises
+            reply["error"] = {"type": type(e).__name__, "message": str(e)}
+        self._answers.put((reply_fd, reply))
+        with self._lock:
+            if not self._closed:
+                try:
+                    os.write(self._wake_w, b"!")
+                except OSError:
+                    pass
+
+    def on_wake(self) -> None:
+        """(kernel loop) Hand every answer that arrived to its rank."""
+        try:
+            while os.read(self.wake_fd, 4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+        while True:
+            try:
+                reply_fd, reply = self._answers.get_nowait()
+            except queue.Empty:
+                return
+            _send(reply_fd, encode("input_reply", reply))
+
+    def close(self) -> None:
+        """Withdraw an open question and release the wake pipe."""
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            _raise_in_thread(thread, KeyboardInterrupt)
+            thread.join(WITHDRAW_WAIT_S)
+        with self._lock:
+            self._closed = True
+            for fd in (self.wake_fd, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    try:
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+            except BlockingIOError:
+                os.set_blocking(fd, True)  # a reply is small; a full pipe means the rank is about to read it
+    except OSError:
+        pass  # the rank is gone; its exit is handled by the loop
+
+
+def _raise_in_thread(thread: threading.Thread, exc_type: type[BaseException]) -> None:
+    """Raise ``exc_type`` in ``thread`` at its next Python instruction (ipykernel polls the stdin
+    socket every 10 ms in Python, so this lands promptly)."""
+    if thread.ident is not None:
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc_type))

@@ -1,0 +1,155 @@
+"""The local engine: N worker processes of this kernel, forked or spawned, on this machine.
+
+The kernel holds the rendezvous (a TCPStore on 127.0.0.1, as torchrun's agent does), so two
+launches never race for a port; each rank runs the one life cycle (``worker.lifecycle``) and
+talks to the kernel over its own pipes, which ``EventLoop`` multiplexes into the recorder.
+
+Example::
+
+    >>> eng = LocalEngine(req, plan, log_dir, sys.stdout, sys.stderr, render="text")    # doctest: +SKIP
+    >>> eng.prepare(); eng.start(recorder); eng.wait(recorder); eng.close(2.0, recorder)
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import socket
+import time
+
+from ..launch import warmup
+from ..worker.entry import Payload
+from ..worker.lifecycle import RankSpec
+from .local_group import WorkerGroup
+from .local_loop import TERMINATE_GRACE_S, EventLoop
+
+
+def _listen_socket(requested: int | None, out) -> socket.socket:
+    """Hold the rendezvous port from now until the TCPStore takes it over: no race with another launch."""
+    if requested:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", requested))
+            s.listen(1024)
+            return s
+        except OSError:
+            s.close()
+            fallback = _listen_socket(None, out)
+            out.write(f"nblaunch: port {requested} is in use; using free port {fallback.getsockname()[1]} instead.\n")
+            return fallback
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.bind(("127.0.0.1", 0))
+    s.listen(1024)
+    return s
+
+
+def _start_store(sock: socket.socket, port: int, world_size: int):
+    from torch.distributed import TCPStore
+
+    fd = sock.detach()  # the TCPStore owns the listening socket from here on
+    return TCPStore(
+        "127.0.0.1",
+        port,
+        world_size,
+        True,
+        datetime.timedelta(seconds=300),
+        wait_for_workers=False,
+        master_listen_fd=fd,
+    )
+
+
+class LocalEngine:
+    """Ranks as child processes of the kernel; output and events through pipes."""
+
+    clock = "monotonic"
+    routes_output = True
+    peer_hint = None
+    stop_grace_s = TERMINATE_GRACE_S
+
+    def __init__(
+        self,
+        req,
+        plan,
+        log_dir: str,
+        out,
+        err,
+        *,
+        render: str,
+        spawn_blob: bytes | None = None,
+        live_namespace: dict | None = None,
+    ):
+        """``live_namespace``: start live ranks (``worker.live_rank``) that serve requests in this
+        namespace (fork: the kernel's own, inherited; spawn: an empty one) instead of running ``req.fn``."""
+        self.req, self.plan, self.log_dir, self.out, self.err = req, plan, log_dir, out, err
+        self.live_namespace = live_namespace
+        self.render = render
+        # handed over in a box that start() empties: the kernel holds no extra copy of the
+        # pickled arguments once the workers have them
+        self.blob_box = [spawn_blob]
+        self.group = self.store = self.sock = None
+        self.t_call = time.monotonic()
+        self.port = None
+
+    def specs(self) -> list[RankSpec]:
+        plan, req = self.plan, self.req
+        extra = {"TORCHELASTIC_RESTART_COUNT": str(req.restart_count)}
+        return [
+            RankSpec(
+                rank=r,
+                local_rank=r,
+                world_size=plan.num_processes,
+                backend=plan.backend,
+                device=plan.device_for(r),
+                env={**plan.env_for(r, self.port), **extra},
+                return_result=(r == 0 or req.return_all),
+                progress_render=self.render,
+                progress_scope=plan.progress,
+                metrics=plan.metrics,
+            )
+            for r in range(plan.num_processes)
+        ]
+
+    def prepare(self) -> None:
+        """Before the report exists: the imports forked ranks inherit, and the rendezvous port."""
+        if self.plan.start_method == "fork":
+            warmup.ensure()
+        self.sock = _listen_socket(self.plan.requested_port, self.out)
+        self.port = self.sock.getsockname()[1]
+
+    def start(self, recorder) -> None:
+        self.start_ranks()
+        recorder.add_ranks((w.rank, w.pid) for w in self.group.workers)
+
+    def start_ranks(self) -> None:
+        """Start the processes and the rendezvous store (a live session restarts its world with this)."""
+        live = self.live_namespace is not None
+        work = self.live_namespace if live else (self.req.fn, self.req.args, self.req.kwargs)
+        payloads = [Payload(work=work, spec=s, parent_pid=os.getpid()) for s in self.specs()]
+        self.group = WorkerGroup.start(
+            payloads,
+            self.plan.start_method,
+            spawn_blob=self.blob_box.pop(),
+            keep_fds=(self.sock.fileno(),),
+            live=live,
+        )
+        self.store = _start_store(self.sock, self.port, self.plan.num_processes)
+        self.sock = None
+
+    def stop(self) -> None:
+        self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
+
+    def wait(self, recorder) -> None:
+        EventLoop(self.group, recorder, timeout=self.plan.timeout, t_call=self.t_call).run()
+
+    def close(self, grace: float, recorder) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        if self.group is not None:
+            self.group.close(grace=grace)
+            for w in self.group.workers:
+                if recorder is not None:
+                    recorder.final_status(w.rank, w.status)
+        self.store = None  # stops the TCPStore server and frees the port

@@ -1,0 +1,271 @@
+"""A group of worker processes: start them, learn when each ends, and stop them all.
+
+Each worker is the leader of its own process group, so ``close()`` reaches whatever it
+started (DataLoader workers, subprocesses) with one ``killpg``. Exit statuses are read
+with ``WNOWAIT`` while the group runs: a worker stays a zombie until ``close()``, so its
+pid (and with it its process-group id) cannot be reused by another process while we may
+still signal it. ``close()`` is the only place that reaps.
+
+Example::
+
+    >>> g = WorkerGroup.start(payloads, "fork")      # doctest: +SKIP
+    >>> g.poll(g.workers[0])                         # None while running, else its ExitStatus
+    >>> g.close()
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+from ..launch.report import ExitStatus
+from ..worker.entry import SPAWN_COMMAND, Payload, enter_forked, spawn_env
+
+
+@dataclasses.dataclass
+class RankPipes:
+    """One rank's pipes: stdout, stderr and events (worker → kernel), replies (kernel → worker: the
+    answers to rank 0's input prompts) and, for a live rank, requests (kernel → worker: the next cell).
+    ``write_ends()`` are the ends the worker keeps, ``read_ends()`` the ends the kernel keeps (for
+    replies and requests, the writing ends)."""
+
+    stdout_r: int
+    stdout_w: int
+    stderr_r: int
+    stderr_w: int
+    events_r: int
+    events_w: int
+    replies_r: int
+    replies_w: int
+    requests_r: int = -1
+    requests_w: int = -1
+
+    @classmethod
+    def create(cls, live: bool = False) -> RankPipes:
+        from ..channel import widen_pipe
+
+        o_r, o_w = os.pipe()
+        e_r, e_w = os.pipe()
+        v_r, v_w = os.pipe()
+        a_r, a_w = os.pipe()
+        widen_pipe(v_r)
+        q_r, q_w = os.pipe() if live else (-1, -1)
+        if live:
+            widen_pipe(q_w)
+        return cls(o_r, o_w, e_r, e_w, v_r, v_w, a_r, a_w, q_r, q_w)
+
+    def write_ends(self) -> tuple[int, ...]:
+        """The worker's ends (closed in the kernel once the worker has them)."""
+        live = (self.requests_r,) if self.requests_r >= 0 else ()
+        return (self.stdout_w, self.stderr_w, self.events_w, self.replies_r) + live
+
+    def read_ends(self) -> tuple[int, ...]:
+        """The kernel's ends (closed when the worker is reaped)."""
+        live = (self.requests_w,) if self.requests_w >= 0 else ()
+        return (self.stdout_r, self.stderr_r, self.events_r, self.replies_w) + live
+
+
+@dataclasses.dataclass
+class Worker:
+    rank: int
+    pid: int
+    pipes: RankPipes
+    pidfd: int | None
+    popen: subprocess.Popen | None = None
+    status: ExitStatus | None = None
+    reaped: bool = False
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None  # old kernel: exits are found by polling instead
+
+
+def _close_quietly(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class WorkerGroup:
+    """N worker processes, each in its own process group."""
+
+    def __init__(self):
+        self.workers: list[Worker] = []
+        self.closed = False
+
+    # -- start ------------------------------------------------------------------------
+    @classmethod
+    def start(
+        cls,
+        payloads: list[Payload],
+        method: str,
+        *,
+        spawn_blob: bytes | None = None,
+        keep_fds: tuple[int, ...] = (),
+        live: bool = False,
+    ) -> WorkerGroup:
+        """Start one worker per payload (``live``: each with a request pipe). On any failure, everything
+        started is stopped again."""
+        group = cls()
+        pipes = [RankPipes.create(live) for _ in payloads]
+        memfd = None
+        try:
+            if method == "spawn":
+                memfd = os.memfd_create("nblaunch-payload", os.MFD_CLOEXEC)
+                _write_all(memfd, spawn_blob)
+            all_launch_fds = [fd for p in pipes for fd in (*p.read_ends(), *p.write_ends())] + list(keep_fds)
+            for payload, rp in zip(payloads, pipes, strict=True):
+                payload.events_fd = rp.events_w
+                payload.requests_fd = rp.requests_r
+                payload.replies_fd = rp.replies_r
+                if method == "fork":
+                    own = set(rp.write_ends())
+                    payload.close_fds = tuple(fd for fd in all_launch_fds if fd not in own)
+                    pid, popen = _fork(payload, rp), None
+                else:
+                    popen = _spawn(payload, rp, memfd)
+                    pid = popen.pid
+                group.workers.append(Worker(payload.spec.rank, pid, rp, _pidfd(pid), popen))
+                _close_quietly(*rp.write_ends())
+        except BaseException:
+            for rp in pipes[len(group.workers) :]:
+                _close_quietly(*rp.write_ends())
+            group.close(grace=0)
+            for rp in pipes[len(group.workers) :]:
+                _close_quietly(*rp.read_ends())
+            raise
+        finally:
+            if memfd is not None:
+                os.close(memfd)
+        return group
+
+    # -- observe ----------------------------------------------------------------------
+    def poll(self, w: Worker) -> ExitStatus | None:
+        """The worker's exit status if it has ended, without reaping it."""
+        if w.status is None:
+            try:
+                info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                info = None
+            if info is not None and info.si_pid == w.pid:
+                if info.si_code == os.CLD_EXITED:
+                    w.status = ExitStatus(info.si_status, None)
+                else:
+                    w.status = ExitStatus(None, info.si_status)
+        return w.status
+
+    def running(self) -> list[Worker]:
+        return [w for w in self.workers if self.poll(w) is None]
+
+    # -- stop -------------------------------------------------------------------------
+    def signal_all(self, sig: int) -> None:
+        for w in self.workers:
+            if not w.reaped:
+                try:
+                    os.killpg(w.pid, sig)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def wait_all(self, deadline: float) -> bool:
+        """Wait until every worker has ended or ``deadline`` (monotonic) passes."""
+        while True:
+            alive = self.running()
+            if not alive:
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            fds = [w.pidfd for w in alive if w.pidfd is not None]
+            if len(fds) == len(alive):
+                select.select(fds, [], [], left)
+            else:
+                time.sleep(min(left, 0.02))
+
+    def close(self, grace: float = 3.0) -> None:
+        """SIGTERM to every worker's process group, SIGKILL after ``grace`` seconds, reap, close fds.
+
+        Safe to call more than once and from ``finally`` blocks; a second Ctrl-C during the
+        grace period skips straight to SIGKILL.
+        """
+        if self.closed:
+            return
+        try:
+            if self.running():
+                self.signal_all(signal.SIGTERM)
+                if grace > 0:
+                    try:
+                        self.wait_all(time.monotonic() + grace)
+                    except KeyboardInterrupt:
+                        pass
+        finally:
+            # Always: stray grandchildren (DataLoader workers, a rank's own children) go too.
+            self.signal_all(signal.SIGKILL)
+            for w in self.workers:
+                self._reap(w)
+            self.closed = True
+
+    def _reap(self, w: Worker) -> None:
+        if w.reaped:
+            return
+        while True:
+            try:
+                _, raw = os.waitpid(w.pid, 0)
+                if w.status is None:
+                    w.status = (
+                        ExitStatus(os.WEXITSTATUS(raw), None)
+                        if os.WIFEXITED(raw)
+                        else ExitStatus(None, os.WTERMSIG(raw))
+                    )
+                break
+            except ChildProcessError:
+                break
+            except InterruptedError:
+                continue
+        if w.popen is not None:
+            w.popen.returncode = w.status.exitcode if w.status and w.status.exitcode is not None else -1
+        w.reaped = True
+        _close_quietly(*w.pipes.read_ends())
+        if w.pidfd is not None:
+            _close_quietly(w.pidfd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def _fork(payload: Payload, rp: RankPipes) -> int:
+    pid = os.fork()
+    if pid == 0:  # child
+        enter_forked(payload, rp.stdout_w, rp.stderr_w)  # never returns
+        os._exit(70)
+    return pid
+
+
+def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:
+    env = dict(os.environ)
+    env.update(payload.spec.env)
+    env.update(spawn_env(payload, memfd))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), here) if p)
+    return subprocess.Popen(
+        [sys.executable, "-c", SPAWN_COMMAND],
+        stdin=subprocess.DEVNULL,
+        stdout=rp.stdout_w,
+        stderr=rp.stderr_w,
+        pass_fds=(rp.events_w, rp.replies_r, memfd) + ((rp.requests_r,) if rp.requests_r >= 0 else ()),
+        env=env,
+        start_new_session=True,
+        close_fds=True,
+    )

@@ -1,0 +1,172 @@
+"""The one launch behind ``notebook_launcher()`` and ``%%distributed``.
+
+``launch(request)`` resolves the configuration, makes the plan, and runs it on the engine the
+plan names (``engines.table``: local processes, torch's elastic launcher across machines, Ray
+Train), with one ``RunRecorder`` that decides the outcome. The first failure (an error event, a
+bad exit, a timeout, Ctrl-C) stops every other rank at once — ranks blocked in a collective
+included — and the call returns promptly with a ``WorkerError`` naming the root cause.
+
+Example::
+
+    >>> out = launch(LaunchRequest(fn=train, args=(0.1,), arguments={"num_processes": 2}))  # doctest: +SKIP
+    >>> out.value, out.report.startup_s
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+import cloudpickle
+
+from ..config import resolve_config
+from ..display.output import RankOutputRouter
+from ..display.progress_view import make_run_display, render_mode
+from ..engines.table import engine_class
+from ..errors import LaunchConfigError, LaunchError
+from ..worker.context import current as current_worker
+from . import cuda_guard, hardware
+from .gpu_usage import sampler_for
+from .plan import make_plan
+from .recorder import RunRecorder
+from .report import LaunchReport
+from .request import LaunchOutcome, LaunchRequest
+from .run_dir import run_log_dir
+from .run_tracker import track_run
+
+INTERRUPT_GRACE_S = 1.0
+_launch_lock = threading.Lock()
+_state = {"last_report": None}
+
+
+def last_report() -> LaunchReport | None:
+    """The report of the most recent launch in this process (success or failure)."""
+    return _state["last_report"]
+
+
+def _check_picklable(req: LaunchRequest) -> bytes:
+    """Pickle the function and arguments once for spawn; an unpicklable one is named before anything starts."""
+    try:
+        return cloudpickle.dumps((req.fn, req.args, req.kwargs), protocol=5)
+    except Exception as e:
+        parts = [("the function", req.fn)]
+        names = req.describe_args or tuple(f"args[{i}]" for i in range(len(req.args)))
+        parts += list(zip(names, req.args, strict=True)) + [(f"kwargs[{k!r}]", v) for k, v in req.kwargs.items()]
+        for name, obj in parts:
+            try:
+                cloudpickle.dumps(obj)
+            except Exception as inner:
+                raise LaunchConfigError(
+                    name,
+                    obj,
+                    None,
+                    message=f"{name} ({type(obj).__name__}) cannot be sent to spawned workers: "
+                    f"{type(inner).__name__}: {inner}. Use start_method='fork' (possible while CUDA is not "
+                    "initialized in the kernel), or create that object inside the launched function. "
+                    "Nothing was started.",
+                ) from None
+        raise LaunchConfigError(None, None, None, message=f"cannot pickle the launch for spawn: {e}") from None
+
+
+def plan_for(cfg):
+    """The launch plan for a resolved configuration on this machine, as it is right now."""
+    return make_plan(
+        cfg,
+        gpus=hardware.gpu_count(),
+        cuda_initialized=cuda_guard.is_cuda_initialized(),
+        init_site=cuda_guard.first_init_site(),
+    )
+
+
+def launch(req: LaunchRequest) -> LaunchOutcome:
+    """Run ``req.fn`` on every rank; return rank 0's value (and all values with ``return_all``)."""
+    inside = current_worker()
+    if inside is not None:
+        raise LaunchError(
+            f"a launch cannot be started from inside a rank: rank {inside.rank} of a running launch called "
+            "notebook_launcher() (or %%distributed). The launched code already runs on every rank with "
+            "torch.distributed set up: call the function directly there, or start the launch from a notebook cell."
+        )
+    if not callable(req.fn):
+        raise LaunchConfigError("function", req.fn, "a callable (a function defined in the notebook, say)")
+    out = req.stdout or sys.stdout
+    err = req.stderr or sys.stderr
+    cfg = resolve_config(req.arguments, config=req.config)
+    for w in cfg.warnings:
+        err.write(f"nblaunch: {w}\n")
+    plan = plan_for(cfg)
+    cls = engine_class(plan.engine)
+    if req.bind is not None:
+        req.fn = req.bind(plan)
+    for notice in plan.notices:
+        out.write(notice + "\n")
+    blob = _check_picklable(req) if plan.start_method == "spawn" else None
+    if not _launch_lock.acquire(blocking=False):
+        raise LaunchError(
+            "another nblaunch launch is already running in this kernel (from another thread); "
+            "launches run one at a time. Wait for it to finish, then launch again."
+        )
+    try:
+        with run_log_dir(plan.log_dir) as log_dir, track_run(log_dir, plan, last_report) as tracker:
+            engine = cls(req, plan, log_dir, out, err, render=render_mode(plan.output), spawn_blob=blob)
+            blob = None
+            return run_engine(engine, req, plan, log_dir, out, err, tracker)
+    finally:
+        _launch_lock.release()
+
+
+def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker=None) -> LaunchOutcome:
+    """One run of the kernel loop on ``engine``: report, output routing, widgets, recorder, outcome.
+
+    ``launch()`` runs each launch through it; a live session runs each cell through it
+    (``live.cell_engine``), so both share every output, failure and interrupt rule.
+    """
+    engine.prepare()
+    report = LaunchReport(
+        world_size=plan.num_processes,
+        backend=plan.backend,
+        start_method=plan.start_method,
+        port=engine.port or 0,
+        log_dir=log_dir,
+        started_at=time.time(),
+        engine=plan.engine,
+        return_all=req.return_all,
+    )
+    _state["last_report"] = report
+    router = None
+    if engine.routes_output:
+        router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
+    display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    recorder = RunRecorder(
+        report,
+        clock=engine.clock,
+        router=router,
+        display=display,
+        on_event=req.on_event,
+        stop=engine.stop,
+        tails=router or engine,
+        peer_hint=engine.peer_hint,
+        t_call=engine.t_call,
+        gpu=sampler_for(plan.gpu_ids),
+        tracker=tracker,
+    )
+    interrupted = None
+    try:
+        engine.start(recorder)
+        if display is not None:
+            display.show()
+        engine.wait(recorder)
+    except KeyboardInterrupt as e:
+        interrupted = e
+        recorder.interrupted()
+        raise
+    finally:
+        # (stopped from the panel: the engine's loop has given the ranks their grace already)
+        grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
+        engine.close(grace, recorder)
+        recorder.close()
+        if interrupted is not None:
+            recorder.finish_interrupted(interrupted)
+    value, values = recorder.outcome(req.return_all)
+    return LaunchOutcome(value, values, report)

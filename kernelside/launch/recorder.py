@@ -1,0 +1,310 @@
+"""The run recorder: the one place that turns what an engine observes into the run's outcome.
+
+Every engine (local processes, torch's elastic launcher, Ray Train) feeds it the same
+observations — a rank's output, its events (``ready``, ``done``, ``progress``, ``metrics``,
+``result``, ``error``), a rank's exit, a timeout, an interrupt, a failure of the engine itself —
+and the recorder alone fills the ``LaunchReport``, decides the outcome and the root cause, asks
+the engine to stop every rank at the first failure, and builds the ``WorkerError``.
+
+**Clock.** Failure times are compared to find the root cause, so they must come from one clock:
+the engine declares it. Ranks on this machine are timed on ``time.monotonic()``; ranks that
+may run on other machines (Ray) on wall time. Workers stamp their events with both; the
+recorder reads the one of its clock and stamps what it sees itself (exits, timeouts) on it too.
+
+Example::
+
+    >>> rec = RunRecorder(report, clock="monotonic", stop=group_stop)   # doctest: +SKIP
+    >>> rec.event(1, "error", payload)        # first failure: stop() is called once
+    >>> rec.outcome(return_all=False)         # raises WorkerError naming rank 1
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import cloudpickle
+
+from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
+from .report import ExitStatus, Failure, LaunchReport, RankReport, format_failure_message
+from .run_control import STOPPED_MESSAGE
+
+CLOCKS = {"monotonic": time.monotonic, "wall": time.time}
+STOP_GRACE_S = 1.0  # Stop from the launch panel: SIGKILL sooner than after a failure, so it ends within 2 s
+ERRORS = {"timeout": LaunchTimeoutError, "stopped": LaunchStoppedError}  # by outcome; else WorkerError
+
+
+class RunRecorder:
+    """Receives every engine's observations; decides outcome and root cause on one clock."""
+
+    def __init__(
+        self,
+        report: LaunchReport,
+        *,
+        clock: str = "monotonic",
+        router=None,
+        display=None,
+        on_event=None,
+        stop=None,
+        tails=None,
+        peer_hint: str | None = None,
+        t_call: float | None = None,
+        gpu=None,
+        tracker=None,
+    ):
+        self.report = report
+        self.clock = clock
+        self.now = CLOCKS[clock]
+        self.t_call = time.monotonic() if t_call is None else t_call  # when the launch began (monotonic)
+        self.t0 = self.now() - (time.monotonic() - self.t_call)  # the same moment on the recorder's clock
+        self.router, self.display, self.on_event = router, display, on_event
+        self.tails = tails if tails is not None else router  # tail(rank) for the failure message
+        self.peer_hint = peer_hint
+        self._stop = stop
+        self.gpu = gpu  # per-rank GPU memory/utilization (launch.gpu_usage); None without GPUs to watch
+        self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
+        self.grace_s: float | None = None  # SIGTERM → SIGKILL grace the engine's loop gives (None: its own)
+        self.tracker = tracker  # the launch panel's state file and Stop channel (launch/run_tracker.py)
+        self.results: list[bytes | None] = [None] * report.world_size
+        self.idle: dict[int, dict] = {}  # a live rank's last ``idle`` event (it is back waiting for requests)
+        self.notes: list[str] = []  # what the engine did about the failure (a live session restarted, say)
+        report.clock = clock
+
+    # -- what the engine tells ------------------------------------------------------------
+    def add_ranks(self, ranks) -> None:
+        """``ranks``: (rank, pid) pairs of the processes the engine started."""
+        paths = getattr(self.router, "log_paths", {})
+        self.report.ranks = [RankReport(rank=r, pid=pid, log_path=paths.get(r, "")) for r, pid in ranks]
+
+    @property
+    def stopping(self) -> bool:
+        return self.stopping_since is not None
+
+    def output(self, rank: int, stream: str, data: bytes) -> None:
+        self.router.feed(rank, stream, data)
+
+    def event(self, rank: int, kind: str, payload) -> None:
+        """One worker event: ``ready``, ``done``, ``progress``, ``metrics``, ``result``, ``error`` or ``idle``."""
+        rr = self._rank(rank)
+        if kind == "error" and self.stopping and payload.get("type") == "KeyboardInterrupt":
+            kind = "stopped"  # the interrupt we sent to stop this rank (a live session's), not a failure of its own
+        if kind == "ready":
+            if rr is not None:
+                rr.pid = payload.get("pid", rr.pid)
+                rr.ready_s = self._since(payload)
+                if all(r.ready_s is not None for r in self.report.ranks):
+                    self.report.startup_s = max(r.ready_s for r in self.report.ranks)
+        elif kind == "done":
+            if rr is not None:
+                rr.done_s = self._since(payload)
+            if self.gpu is not None:
+                self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
+        elif kind == "result":
+            self.results[rank] = payload
+        elif kind == "metrics":
+            self.report.metrics.extend(payload)
+        elif kind == "left":  # the rank is leaving on its own (sys.exit(0)): see _blame_departures
+            if rr is not None:
+                rr.left = {**payload, "t": payload.get("wall" if self.clock == "wall" else "t")}
+        elif kind == "error":
+            self._fail(Failure.from_error(rank, payload, self.clock))
+        elif kind == "idle":
+            self.idle[rank] = payload
+        self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
+        if self.display is not None and kind in ("progress", "metrics"):
+            self.display.on_event(rank, kind, payload)
+        if self.on_event is not None:
+            self.on_event(rank, kind, payload)
+
+    def exited(self, rank: int, status: ExitStatus) -> None:
+        """A rank's process ended (or, for engines without processes of ours, its code returned)."""
+        rr = self._rank(rank)
+        if rr is not None:
+            rr.status = status
+            rr.ended_s = time.monotonic() - self.t_call
+        own = [f for f in self.report.failures if f.rank == rank]
+        if own:
+            for f in own:
+                f.status = status
+            return
+        if status.ok:
+            if self._must_return(rank) and self.results[rank] is None and not self.stopping:
+                self._fail(
+                    Failure(
+                        rank=rank,
+                        kind="exit",
+                        message="exited with code 0 before sending its "
+                        "result (os._exit(0) or sys.exit(0) in the launched code?)",
+                        t=self.now(),
+                        status=status,
+                    )
+                )
+            return
+        if self.stopping and status.signal == signal.SIGTERM:
+            return  # ended by our SIGTERM; any other end (exit code, SIGKILL, SIGSEGV) is the rank's own
+        self._fail(Failure(rank=rank, kind="exit", message=status.describe(), t=self.now(), status=status))
+
+    def final_status(self, rank: int, status: ExitStatus | None) -> None:
+        """How a rank's process really ended, once the engine has reaped it (after any stop)."""
+        rr = self._rank(rank)
+        if rr is not None and status is not None:
+            rr.status = status
+
+    def timeout(self, seconds: float) -> None:
+        self._fail(
+            Failure(
+                rank=None,
+                kind="timeout",
+                t=self.now(),
+                message=f"the run exceeded timeout={seconds:g}s and every rank was stopped",
+            ),
+            outcome="timeout",
+        )
+
+    def engine_failed(self, message: str) -> None:
+        """The engine itself failed without any rank reporting an error (a Ray Train failure, say)."""
+        if not self.report.failures:
+            self._fail(Failure(rank=None, kind="exit", t=self.now(), message=message))
+
+    def stop_requested(self) -> bool:
+        """The launch panel's Stop (over the run's control channel); True if the run is stopping now.
+
+        Stopping goes the failure path, with a shorter grace before SIGKILL so the run ends within 2 s.
+        """
+        if self.stopping:
+            return False
+        self.grace_s = STOP_GRACE_S
+        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=STOPPED_MESSAGE), outcome="stopped")
+        return True
+
+    def interrupted(self) -> None:
+        self.report.outcome = "interrupted"
+
+    def stop_for_interrupt(self) -> None:
+        """Ctrl-C where the engine must still bring the ranks back (a live session): stop them all now."""
+        self.report.outcome = "interrupted"
+        if not self.stopping:
+            self._begin_stop()
+
+    def note(self, text: str) -> None:
+        """A line the engine adds to the run's error: what it did about the failure."""
+        self.notes.append(text)
+        self.report.notes.append(text)
+
+    def tick(self) -> None:
+        """Housekeeping between observations: partial lines, throttled widget redraws."""
+        if self.router is not None:
+            self.router.flush_stale()
+        if self.display is not None:
+            self.display.tick()
+        if self.gpu is not None:
+            self.gpu.tick(self.report.ranks, time.monotonic())
+        if self.tracker is not None:
+            self.tracker.tick(self.report)
+
+    # -- the outcome ----------------------------------------------------------------------
+    def close(self) -> None:
+        """The engine has stopped every rank and every pipe is drained: finish output, timings, root cause."""
+        self._blame_departures()
+        if self.router is not None:
+            self.router.finish()
+        self.report.ended_at = time.time()
+        self.report.wall_s = time.monotonic() - self.t_call
+
+    def outcome(self, return_all: bool):
+        """Rank 0's value and every rank's (with ``return_all``); raises the run's error if it failed."""
+        error = self._error()
+        if error is None:
+            try:
+                values = self._values()
+            except WorkerError as e:
+                error = e
+        if self.display is not None:
+            self.display.finish(error)
+        if error is not None:
+            raise error
+        self.report.outcome = "ok"
+        return values[0], (values if return_all else None)
+
+    def finish_interrupted(self, exc: BaseException) -> None:
+        self.report.outcome = "interrupted"
+        if self.display is not None:
+            self.display.finish(exc)
+
+    # -- inside ---------------------------------------------------------------------------
+    def _rank(self, rank: int) -> RankReport | None:
+        for rr in self.report.ranks:
+            if rr.rank == rank:
+                return rr
+        return None
+
+    def _since(self, payload: dict) -> float:
+        t = payload.get("wall" if self.clock == "wall" else "t")
+        return (t - self.t0) if t is not None else (self.now() - self.t0)
+
+    def _must_return(self, rank: int) -> bool:
+        return rank == 0 or self.report.return_all
+
+    def _fail(self, failure: Failure, outcome: str = "failed") -> None:
+        self.report.failures.append(failure)
+        if not self.stopping:
+            self.report.outcome = outcome
+            self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        self.stopping_since = time.monotonic()
+        if self._stop is not None:
+            self._stop()
+
+    def _error(self) -> WorkerError | None:
+        rep = self.report
+        if not rep.failures:
+            return None
+        root = rep.root_cause()
+        message = format_failure_message(rep, root, self.tails)
+        if self.peer_hint and root.caused_by_peer:
+            message += "\n" + self.peer_hint
+        if self.notes:
+            message += "\n" + "\n".join(self.notes)
+        cls = ERRORS.get(rep.outcome, WorkerError)
+        return cls(message, rank=root.rank, failures=rep.failures, report=rep)
+
+    def _blame_departures(self) -> None:
+        """Ranks that left on their own before the peer-loss errors they caused become the root cause."""
+        rep = self.report
+        peer_losses = [f for f in rep.failures if f.caused_by_peer]
+        if not peer_losses or any(not f.caused_by_peer and f.kind != "left" for f in rep.failures):
+            return  # nothing to explain, or a real failure explains it
+        first_loss = min(peer_losses, key=lambda f: f.t)
+        failed = {f.rank for f in rep.failures}
+        for rr in rep.ranks:
+            left = rr.left
+            if left is None or rr.rank in failed or left["t"] > first_loss.t:
+                continue
+            rep.failures.append(
+                Failure(
+                    rank=rr.rank,
+                    kind="left",
+                    message=f"left on its own ({left['where']}; exit code {left['code']}) before rank "
+                    f"{first_loss.rank}'s collective finished",
+                    t=left["t"],
+                    phase="run",
+                )
+            )
+
+    def _values(self) -> list:
+        values = []
+        for rank, body in enumerate(self.results):
+            try:
+                values.append(cloudpickle.loads(body) if body is not None else None)
+            except Exception as e:
+                self.report.outcome = "failed"
+                raise WorkerError(
+                    f"nblaunch: rank {rank}'s return value arrived but cannot be rebuilt in the kernel: "
+                    f"{type(e).__name__}: {e}. Return plain data (numbers, lists, dicts, tensors, state_dict()), or "
+                    "objects whose classes the kernel can import.",
+                    rank=rank,
+                    failures=[],
+                    report=self.report,
+                ) from None
+        return values

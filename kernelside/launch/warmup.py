@@ -1,0 +1,70 @@
+"""Pay once, in the kernel and in the background, what every forked rank would otherwise pay.
+
+A rank's first DDP construction imports ``torch._dynamo`` (about 2.7 s per process here). Imported
+once in the kernel before the fork, every forked rank inherits it. ``start()`` begins that import
+in a background thread as soon as ``kernelside`` is loaded in a kernel, so the user does not wait
+for it; ``ensure()`` (called before any fork of ours) joins it, or does it, so that a fork never
+happens while another thread holds an import lock. A fork hook makes the same join for forks that
+are not ours.
+
+Example::
+
+    >>> start()      # at %load_ext kernelside            # doctest: +SKIP
+    >>> ensure()     # before forking workers
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+_state: dict = {"thread": None, "done": False}
+_lock = threading.Lock()
+
+
+def _import() -> None:
+    import torch.distributed  # noqa: F401
+    import torch.nn.parallel  # noqa: F401
+
+    try:
+        import torch._dynamo  # noqa: F401  (imported by the first DDP construction)
+    except Exception:
+        pass
+
+
+def _run() -> None:
+    try:
+        _import()
+    finally:
+        _state["done"] = True
+
+
+def start() -> None:
+    """Begin the imports in a daemon thread (once per process; a no-op when already done or started)."""
+    with _lock:
+        if _state["done"] or _state["thread"] is not None:
+            return
+        t = threading.Thread(target=_run, name="nblaunch-warmup", daemon=True)
+        _state["thread"] = t
+        t.start()
+
+
+def ensure() -> None:
+    """Return once the imports are done: joins the background thread, or imports here."""
+    if _state["done"]:
+        return
+    t = _state["thread"]
+    if t is None:
+        _run()
+    elif t is not threading.current_thread():
+        t.join()
+
+
+def _before_fork() -> None:
+    # a fork while the warm-up thread holds an import lock would leave the child's lock held forever
+    t = _state["thread"]
+    if t is not None and not _state["done"] and t is not threading.current_thread():
+        t.join()
+
+
+os.register_at_fork(before=_before_fork)

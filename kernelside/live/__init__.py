@@ -1,0 +1,1 @@
+"""Live sessions: ranks that stay up across cells (see session.py)."""

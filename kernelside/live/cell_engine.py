@@ -1,0 +1,152 @@
+"""One run of the kernel loop over a live session's ranks: a cell, a function call, a push, or the start.
+
+``LiveRunEngine`` has the engine interface of ``engines.table`` and goes through the same
+``launch.engine.run_engine`` as a one-shot launch (same report, output routing, widgets and
+RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
+part is back to ``idle`` for this request (not when processes exit), and stopping a rank means
+SIGINT (``KeyboardInterrupt`` in its Python code), not SIGTERM. A rank that is not back to idle
+within ``SETTLE_S`` of the stop — stuck in a C-level collective, which no Python interrupt
+reaches under gloo — a rank that died, or ranks whose process group is out of step (they ran
+different numbers of collectives) mean the world cannot go on: it is restarted (new processes,
+same flags), and the error says so plainly.
+
+Example::
+
+    >>> run_engine(LiveRunEngine(session, request), req, plan, session.log_dir, out, err)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from ..engines.local_loop import EventLoop
+from ..errors import CellInterrupted
+
+SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
+RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
+RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
+
+
+class LiveRunEngine:
+    """The engine interface over a live session's ranks, for one request."""
+
+    clock = "monotonic"
+    routes_output = True
+    peer_hint = None
+    stop_grace_s = 0.0
+
+    def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
+        self.session, self.req_id, self.ranks = session, req_id, tuple(ranks)
+        self.blob, self.timeout, self.label = blob, timeout, label
+        self.render = session.render
+        self.port = session.world.port
+        self.t_call = time.monotonic()
+        self.signalled_at: float | None = None
+        self.recorder = None
+        self.restart_reason: str | None = None
+
+    # -- the engine interface --------------------------------------------------------------
+    def prepare(self) -> None:
+        pass
+
+    def start(self, recorder) -> None:
+        workers = self.session.world.group.workers
+        recorder.add_ranks((w.rank, w.pid) for w in workers if w.rank in self.ranks)
+        recorder.report.session = self.label
+        self.recorder = recorder
+        if self.blob is not None:
+            self.session.send(self.ranks, self.blob)
+            self.blob = None  # the kernel keeps no copy of what it sent
+
+    def stop(self) -> None:
+        """The first failure (or Ctrl-C, or the timeout): KeyboardInterrupt in every rank still running it."""
+        if self.signalled_at is None:
+            self._interrupt()
+
+    def _interrupt(self) -> None:
+        self.signalled_at = time.monotonic()
+        for w in self.session.world.group.workers:
+            if w.rank in self.ranks and w.status is None and not self._back(w.rank):
+                try:
+                    os.killpg(w.pid, signal.SIGINT)
+                except (ProcessLookupError, PermissionError):
+                    pass
+
+    def wait(self, recorder) -> None:
+        try:
+            self._loop(recorder, timeout=self.timeout)
+        except KeyboardInterrupt:
+            recorder.stop_for_interrupt()
+            try:
+                self._loop(recorder, timeout=None, give_up_at=time.monotonic() + SETTLE_S)
+            except KeyboardInterrupt:
+                pass  # a second Ctrl-C: no more waiting, the restart below
+            back = "every rank stopped the cell and kept its state" if self._all_back(recorder) else ""
+            raise CellInterrupted(back or "the cell was interrupted") from None
+
+    def close(self, grace: float, recorder) -> None:
+        """Decide whether the world can go on; if not, restart it and say so."""
+        reason = self._broken(recorder)
+        if reason is None:
+            return
+        self.restart_reason = reason
+        self.session.restart_world()
+        message = f"nblaunch: {reason}; {RESTARTED}."
+        if recorder.report.outcome == "interrupted":
+            self.session.err.write(message + "\n")
+            self.session.err.flush()
+            recorder.report.notes.append(message)
+        elif not recorder.report.failures:
+            recorder.engine_failed(f"{reason}; {RESTARTED}.")
+        else:
+            recorder.note(message)
+
+    # -- inside ----------------------------------------------------------------------------
+    def _loop(self, recorder, *, timeout, give_up_at=None) -> None:
+        EventLoop(
+            self.session.world.group,
+            recorder,
+            timeout=timeout,
+            t_call=self.t_call,
+            until=lambda: self._all_back(recorder),
+            give_up_at=give_up_at,
+            readers=self.session.readers,
+        ).run()
+
+    def _back(self, rank: int) -> bool:
+        return self.recorder is not None and self.recorder.idle.get(rank, {}).get("cell") == self.req_id
+
+    def _all_back(self, recorder) -> bool:
+        """The loop's end condition; while stopping, it also repeats the interrupt for ranks not back yet."""
+        back = all(
+            self._back(w.rank) for w in self.session.world.group.workers if w.rank in self.ranks and w.status is None
+        )
+        if not back and self.signalled_at is not None and time.monotonic() - self.signalled_at >= RESIGNAL_S:
+            self._interrupt()
+        return back
+
+    def _broken(self, recorder) -> str | None:
+        workers = self.session.world.group.workers
+        dead = [w for w in workers if self.session.world.group.poll(w) is not None]
+        if dead:
+            return "; ".join(f"rank {w.rank} (pid {w.pid}) ended: {w.status.describe()}" for w in dead)
+        stuck = [
+            w.rank for w in workers if w.rank in self.ranks and recorder.idle.get(w.rank, {}).get("cell") != self.req_id
+        ]
+        if stuck:
+            names = ", ".join(map(str, stuck))
+            return (
+                f"rank(s) {names} did not come back within {SETTLE_S:g}s of being interrupted (inside a collective "
+                "waiting for a peer that had stopped, which no Python interrupt reaches under gloo)"
+            )
+        if set(self.ranks) == {w.rank for w in workers}:
+            seqs = {r: recorder.idle[r].get("seq") for r in self.ranks}
+            if None not in seqs.values() and len(set(seqs.values())) > 1:
+                counts = ", ".join(f"rank {r}: {s}" for r, s in sorted(seqs.items()))
+                return (
+                    f"the ranks ran different numbers of collectives ({counts}), so their next collective would "
+                    "pair up wrong calls"
+                )
+        return None

@@ -1,0 +1,305 @@
+"""A live session: the plan and the ranks made once, then one run of the kernel loop per cell.
+
+The world is the local engine's (``engines.local.LocalEngine``: the same WorkerGroup, rendezvous
+store and pipes as a one-shot launch) with live ranks (``worker.live_rank``) that wait for requests
+instead of exiting. Each request — a cell, a function call, a push — goes through
+``launch.engine.run_engine`` with a ``LiveRunEngine``: the same report, output routing, widgets,
+RunRecorder, failure and interrupt rules. A world that cannot go on is restarted with the same flags.
+
+One session per kernel at a time (``current()``); a second kernel has its own.
+
+Example::
+
+    >>> s = LiveSession.start({"num_processes": 2})            # doctest: +SKIP
+    >>> s.run_function(lambda: rank * 2).value                   # doctest: +SKIP
+    0
+    >>> s.stop()                                                 # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import os
+import pickle
+import sys
+import threading
+import time
+import types
+
+import cloudpickle
+
+from ..channel import EventReader, write_frame
+from ..config import resolve_config
+from ..display.progress_view import render_mode
+from ..engines.local import LocalEngine
+from ..errors import LaunchConfigError, LaunchError
+from ..launch.engine import plan_for, run_engine
+from ..launch.request import LaunchOutcome, LaunchRequest
+from ..launch.run_dir import run_log_dir
+from .cell_engine import LiveRunEngine
+from .names import NameSender, dumps, names_assigned, needed_names
+
+_current: list[LiveSession | None] = [None]
+
+
+def current() -> LiveSession | None:
+    """This kernel's live session, or None."""
+    return _current[0]
+
+
+def kernel_namespace() -> dict:
+    """The notebook's namespace: IPython's user namespace, else ``__main__``'s."""
+    ip_mod = sys.modules.get("IPython")
+    shell = ip_mod.get_ipython() if ip_mod is not None else None
+    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
+
+
+class LiveSession:
+    """Ranks that stay up across cells. Use ``start()``; every method runs in the kernel's main thread."""
+
+    def __init__(self, arguments: dict, config: str | None, out, err):
+        self.arguments, self.config, self.out, self.err = dict(arguments), config, out, err
+        self.cfg = resolve_config(self.arguments, config=config)
+        for w in self.cfg.warnings:
+            err.write(f"nblaunch: {w}\n")
+        self.plan = plan_for(self.cfg)
+        if self.plan.engine != "local":
+            raise LaunchConfigError(
+                "engine",
+                self.plan.engine,
+                None,
+                message=f"a live session runs its ranks on this machine; engine={self.plan.engine!r} (from "
+                f"{'num_machines' if self.plan.engine == 'elastic' else 'engine'}) is not supported for it. "
+                "Use a one-shot %%distributed cell for that engine. Nothing was started.",
+            )
+        self.render = render_mode(self.plan.output)
+        self.ids = itertools.count(1)
+        self.lock = threading.Lock()
+        self.logs = contextlib.ExitStack()
+        self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
+        self.world: LocalEngine | None = None
+        self.started_at = time.monotonic()
+        self.restarts, self.busy, self.broken = 0, False, None
+        self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
+
+    # -- life cycle ------------------------------------------------------------------------
+    @classmethod
+    def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
+        """Start the ranks and return once every one is ready (its process group is up)."""
+        if _current[0] is not None:
+            raise LaunchError(
+                "nblaunch: a live session is already running in this kernel "
+                f"({_current[0].describe()}). Stop it first (%distributed_stop), or restart it (%distributed_restart)."
+            )
+        session = cls(arguments, config, out or sys.stdout, err or sys.stderr)
+        try:
+            for notice in session.plan.notices:
+                session.out.write(notice + "\n")
+            session._start_world()
+            session._await_ready()
+        except BaseException:
+            session._close()
+            raise
+        _current[0] = session
+        return session
+
+    def restart(self) -> None:
+        """New processes with the same flags; every rank's state is gone."""
+        self.restart_world()
+        self._await_ready()
+
+    def stop(self) -> None:
+        """Stop every rank; nothing is left (processes, port, fds). Safe to call twice."""
+        self._close()
+        if _current[0] is self:
+            _current[0] = None
+
+    def _close(self) -> None:
+        if self.world is not None:
+            self.world.close(1.0, None)
+            self.world = None
+        self.logs.close()
+
+    def _start_world(self) -> None:
+        fork = self.plan.start_method == "fork"
+        ns = kernel_namespace() if fork else {}
+        self.names = NameSender()
+        if fork:
+            self.names.seed(ns)
+        req = LaunchRequest(fn=None)
+        blob = None if fork else cloudpickle.dumps(None)
+        world = LocalEngine(
+            req, self.plan, self.log_dir, self.out, self.err, render=self.render, spawn_blob=blob, live_namespace=ns
+        )
+        world.prepare()
+        self.world = world
+        world.start_ranks()
+        self.readers = [EventReader() for _ in world.group.workers]
+        self.cells_run = [0] * len(world.group.workers)
+        self.ready, self.broken = False, None
+
+    def restart_world(self) -> None:
+        """Called when the world cannot go on: the old ranks are gone at once, new ones start."""
+        if self.world is not None:
+            self.world.close(0.2, None)
+        self.restarts += 1
+        self._start_world()
+
+    def _ready_engine(self) -> LiveRunEngine:
+        return LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+
+    def _await_ready(self) -> None:
+        self._run(self._ready_engine(), LaunchRequest(fn=None), self.plan)
+        self.ready = True
+
+    # -- requests --------------------------------------------------------------------------
+    def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
+        """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
+        self._ensure_world()
+        ns = kernel_namespace()
+        values = self.names.collect(needed_names(program.source, program.filename, ns), ns)
+        assigned = names_assigned(program.source, program.filename)
+        return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
+
+    def run_function(self, fn, args=(), kwargs=None, *, return_from=(0,), ranks=None, timeout=None):
+        """Call ``fn(*args, **kwargs)`` on the ranks (its globals: each rank's namespace); the LaunchOutcome."""
+        if not callable(fn):
+            raise LaunchConfigError("function", fn, "a callable (a function defined in the notebook, say)")
+        self._ensure_world()
+        ns = kernel_namespace()
+        used: set[str] = set()
+        if isinstance(fn, types.FunctionType) and fn.__module__ == "__main__":
+            from .names import _code_names
+
+            _code_names(fn, ns, used)
+        values = self.names.collect(used, ns)
+        return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
+
+    def push(self, names, source: dict | None = None) -> list[str]:
+        """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
+        self._ensure_world()
+        ns = kernel_namespace() if source is None else source
+        missing = [n for n in names if n not in ns]
+        if missing:
+            raise LaunchConfigError(
+                "%distributed_push", ",".join(missing), None, message=f"not defined in the notebook: {missing}"
+            )
+        values = self.names.collect(names, ns, force=True)
+        owned = ()
+        if source is not None:  # values given by the caller, not the notebook's: from now on the ranks' own
+            values = {k: (blob, ("pushed",), None) for k, (blob, _key, _ref) in values.items()}
+            owned = tuple(values)
+        self._request(None, (), {}, values, owned, (), None, None, None, None)
+        return sorted(values)
+
+    def _ensure_world(self) -> None:
+        if self.world is None:
+            raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
+        if self.broken:
+            self.restart_world()
+
+    def _request(self, fn, args, kwargs, values, assigned, return_from, ranks, output, progress, timeout):
+        n = self.plan.num_processes
+        ranks = tuple(range(n)) if ranks is None else tuple(sorted(set(ranks)))
+        bad = [r for r in (*ranks, *return_from) if not 0 <= r < n]
+        if bad:
+            raise LaunchConfigError("--ranks", bad[0], f"a rank of this {n}-rank live session (0..{n - 1})")
+        req_id = next(self.ids)
+        try:
+            body = {
+                "kind": "run" if fn is not None else "push",
+                "id": req_id,
+                "fn": dumps(fn) if fn is not None else None,
+                "args": dumps((args, kwargs)) if (args or kwargs) else None,
+                "names": {name: v[0] for name, v in values.items()},
+                "return_from": tuple(return_from),
+                "progress": progress or self.plan.progress,
+            }
+            if fn is None:
+                body["fn"] = dumps(tuple)  # a push runs nothing: the names are set, then the rank is idle again
+            blob = pickle.dumps(body, protocol=5)
+        except Exception as e:
+            raise LaunchConfigError(
+                None, None, None, message=f"cannot send this to the live ranks: {type(e).__name__}: {e}. Nothing ran."
+            ) from None
+        del body
+        if output is None:
+            output = self.plan.output if (0 in ranks or self.plan.output != "rank0") else "all"
+        plan = dataclasses.replace(
+            self.plan, output=output, progress=progress or self.plan.progress, timeout=timeout or self.plan.timeout
+        )
+        label = f"live session, cell {req_id}" if fn is not None else "live session, push"
+        engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=label)
+        del blob
+        try:
+            return self._run(engine, LaunchRequest(fn=fn, return_all=True), plan)
+        finally:
+            if engine.blob is None and engine.restart_reason is None:  # the ranks have the values now
+                self.names.sent(values, assigned)
+
+    def _run(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
+        if not self.lock.acquire(blocking=False):
+            raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
+        try:
+            if not self.ready and engine.req_id != 0:  # a restarted world: its ranks first come up
+                self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
+                self.ready = True
+            return self._execute(engine, req, plan)
+        finally:
+            self.lock.release()
+
+    def _execute(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
+        self.busy = True
+        try:
+            outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err)
+        finally:
+            self.busy = False
+        if engine.req_id:
+            for r in engine.ranks:
+                self.cells_run[r] += 1
+        return outcome
+
+    def send(self, ranks, blob: bytes) -> None:
+        """Write one request to these ranks' request pipes (blocking: an idle rank reads it at once)."""
+        try:
+            for w in self.world.group.workers:
+                if w.rank in ranks:
+                    write_frame(w.pipes.requests_w, blob)
+                    self.bytes_written += len(blob) + 8
+        except BaseException as e:
+            # a request cut in half leaves the rank's stream unreadable: this world cannot go on
+            self.broken = f"sending the request failed ({type(e).__name__})"
+            raise
+
+    # -- what it is ------------------------------------------------------------------------
+    def describe(self) -> str:
+        flags = " ".join(f"{k}={v}" for k, v in self.arguments.items()) or "(defaults)"
+        return (
+            f"{self.plan.num_processes} ranks, {self.plan.backend}, {self.plan.start_method}; flags {flags}; "
+            f"up {time.monotonic() - self.started_at:.0f}s"
+        )
+
+    def status(self) -> list[dict]:
+        """Per rank: pid, idle/busy, cells run, memory (RSS bytes)."""
+        rows = []
+        for w in self.world.group.workers if self.world else ():
+            rows.append(
+                {
+                    "rank": w.rank,
+                    "pid": w.pid,
+                    "state": "ended" if w.status else ("busy" if self.busy else ("idle" if self.ready else "starting")),
+                    "cells": self.cells_run[w.rank],
+                    "rss": _rss(w.pid),
+                }
+            )
+        return rows
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None

@@ -1,0 +1,164 @@
+"""Run a notebook cell's code as the launched function, and bring its results back.
+
+``prepare_cell()`` runs in the kernel: it compiles the cell once (so syntax errors, a
+top-level ``return`` or ``await`` fail before anything starts), finds its last
+expression, and for spawn collects the notebook names the cell uses. ``CellProgram`` is
+what each worker calls: it executes the cell in the notebook's namespace (inherited under
+fork, shipped under spawn) plus ``rank``, ``local_rank``, ``world_size`` and ``device``,
+and returns the last expression's value and the ``--return`` names.
+
+Example::
+
+    >>> prog = prepare_cell("x = rank * 2\\nx + 1\\n", cell_label="In[3]", line_offset=1)
+    >>> prog.last_expression
+    True
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import dataclasses
+import linecache
+import types
+
+import cloudpickle
+
+from ..errors import LaunchConfigError
+from ..worker.context import current as current_worker
+from ..worker.results import unwrap_for_return
+
+
+@dataclasses.dataclass
+class CellProgram:
+    source: str  # the cell body, padded with line_offset blank lines so line numbers match the cell
+    filename: str
+    last_expression: bool  # the last statement is an expression whose value is the cell's result
+    return_names: tuple[str, ...]
+    namespace: dict | None = None  # fork: the notebook's own namespace (inherited); spawn: the names shipped
+
+    def __call__(self):
+        import torch
+
+        ctx = current_worker()
+        ns = self.namespace if self.namespace is not None else {}
+        ns.setdefault("__builtins__", builtins)
+        ns.update(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, device=torch.device(ctx.device))
+        lines = self.source.splitlines(keepends=True)
+        linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
+        tree = ast.parse(self.source, self.filename)
+        last = None
+        if self.last_expression:
+            last = ast.Expression(tree.body.pop().value)
+        exec(compile(tree, self.filename, "exec"), ns)
+        value = eval(compile(last, self.filename, "eval"), ns) if last is not None else None
+        returned = {n: unwrap_for_return(ns[n]) for n in self.return_names if n in ns}
+        missing = [n for n in self.return_names if n not in ns]
+        available = sorted(n for n, v in ns.items() if not n.startswith("_") and not isinstance(v, types.ModuleType))
+        return {
+            "last": unwrap_for_return(value),
+            "returned": returned,
+            "missing": missing,
+            "available": available if missing else [],
+        }
+
+
+def _cell_error(message: str) -> LaunchConfigError:
+    return LaunchConfigError(None, None, None, message=message + " Nothing was started.")
+
+
+def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_names=()) -> CellProgram:
+    """Check and compile the cell in the kernel; raise LaunchConfigError for what cannot run."""
+    filename = f"<%%distributed cell {cell_label}>"
+    source = "\n" * line_offset + body
+    try:
+        tree = ast.parse(source, filename)
+    except SyntaxError as e:
+        hint = ""
+        text = (e.text or "").strip()
+        if text.startswith(("%", "!")):
+            hint = " IPython magics and ! commands cannot run inside a %%distributed cell; run them in their own cell."
+        raise _cell_error(
+            f"syntax error in the %%distributed cell, line {e.lineno}: {e.msg}: {text!r}.{hint}"
+        ) from None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)):
+            continue
+        if isinstance(node, ast.Return) and _at_top_level(tree, node):
+            raise _cell_error(
+                f"'return' at the top level of a %%distributed cell (line {node.lineno}) has no function to leave. "
+                "The cell's last expression is its result, and --return NAMES brings variables back."
+            )
+        if isinstance(node, (ast.Await, ast.AsyncFor, ast.AsyncWith)) and _at_top_level(tree, node):
+            raise _cell_error(
+                f"top-level 'await' (line {node.lineno}) is not supported in a %%distributed cell: each worker runs "
+                "the cell as plain Python. Wrap the async code in asyncio.run(main())."
+            )
+    try:
+        compile(tree, filename, "exec")
+    except SyntaxError as e:
+        raise _cell_error(f"syntax error in the %%distributed cell, line {e.lineno}: {e.msg}.") from None
+    last = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(body)
+    return CellProgram(source=source, filename=filename, last_expression=last, return_names=tuple(return_names))
+
+
+def _at_top_level(tree: ast.Module, target: ast.AST) -> bool:
+    """True when ``target`` is not inside any function or class body."""
+
+    def visit(node, nested: bool) -> bool | None:
+        if node is target:
+            return not nested
+        inner = nested or isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef))
+        for child in ast.iter_child_nodes(node):
+            found = visit(child, inner)
+            if found is not None:
+                return found
+        return None
+
+    return bool(visit(tree, False))
+
+
+def ends_with_semicolon(body: str) -> bool:
+    """IPython's rule: a trailing ';' on the last code line hides the cell's result."""
+    for line in reversed(body.splitlines()):
+        code = line.split("#", 1)[0].strip()
+        if code:
+            return code.endswith(";")
+    return False
+
+
+def names_used(source: str, filename: str) -> set[str]:
+    """Every global name the cell's code (nested functions and classes included) may read."""
+    names: set[str] = set()
+
+    def walk(code: types.CodeType):
+        names.update(code.co_names)
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                walk(const)
+
+    walk(compile(source, filename, "exec"))
+    return names
+
+
+def ship_namespace(program: CellProgram, user_ns: dict) -> dict:
+    """The notebook names the cell uses, checked one by one for spawn; unpicklable ones are named."""
+    shipped, problems = {}, []
+    for name in sorted(names_used(program.source, program.filename)):
+        if name not in user_ns or name.startswith("__") or name in ("In", "Out", "get_ipython", "exit", "quit"):
+            continue
+        value = user_ns[name]
+        try:
+            cloudpickle.dumps(value)
+        except Exception as e:
+            problems.append(f"{name!r} ({type(value).__name__}): {type(e).__name__}: {e}")
+            continue
+        shipped[name] = value
+    if problems:
+        raise _cell_error(
+            "these notebook names cannot be sent to spawned workers: "
+            + "; ".join(problems)
+            + ". Use fork (--start-method fork, possible while CUDA is not initialized in the kernel), "
+            "or create them inside the %%distributed cell."
+        )
+    return shipped

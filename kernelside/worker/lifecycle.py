@@ -1,0 +1,242 @@
+"""The one life cycle of a rank, whichever engine started it (local fork/spawn, torch's elastic
+launcher, Ray Train).
+
+``run_rank()`` does, in order: apply the environment contract, set the worker context, the
+thread count, initialize the default process group (unless the engine provides one), make
+``init_process_group()`` in user code a no-op, install the event-sending progress bars, send
+``ready``, run the function, send ``done`` and the result (tensors on CPU), or the error
+(type, message, traceback without nblaunch's frames). It returns how the rank ended; the
+caller (the engine's worker entry) decides how the process leaves.
+
+Example::
+
+    >>> spec = RankSpec(rank=0, local_rank=0, world_size=1, backend="gloo", device="cpu")   # doctest: +SKIP
+    >>> run_rank(spec, (train, (0.1,), {}), events).code
+    0
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import threading
+import time
+import traceback
+
+from . import (
+    context,
+    metric_capture,
+    progress,
+    rank_departure,
+    rank_display,
+    rank_identity,
+    rank_stdin,
+    sharded_results,
+)
+from .context import stamp
+from .results import dumps_result, unwrap_for_return
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclasses.dataclass
+class RankSpec:
+    """What a rank must know before user code runs. Plain data: it travels to spawned ranks as JSON."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    backend: str
+    device: str
+    env: dict = dataclasses.field(default_factory=dict)
+    return_result: bool = False
+    progress_render: str = "text"
+    progress_scope: str = "rank0"
+    metrics: str = "on"  # "on": the frameworks' loggers feed log_metrics() (metric_capture.py)
+    init_process_group: bool = True  # False where the engine (Ray Train) sets the process group up
+
+
+@dataclasses.dataclass
+class RankEnd:
+    """How ``run_rank`` ended: the exit code the process should leave with, and the exception if any."""
+
+    code: int
+    error: BaseException | None = None
+
+
+def error_payload(exc: BaseException, phase: str) -> dict:
+    """An ``error`` event: what the kernel needs to name the root cause (both clocks, see RunRecorder)."""
+    return {
+        "type": type(exc).__name__,
+        "module": type(exc).__module__,
+        "message": str(exc),
+        "traceback": _user_traceback(exc),
+        "phase": phase,
+        "t": time.monotonic(),
+        "wall": time.time(),
+    }
+
+
+def _user_traceback(exc: BaseException) -> str:
+    """The formatted traceback without nblaunch's own frames at the top."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
+
+
+def _set_threads() -> None:
+    n = os.environ.get("OMP_NUM_THREADS")
+    if n and n.isdigit():
+        import torch
+
+        torch.set_num_threads(int(n))
+
+
+def _init_process_group(spec: RankSpec) -> None:
+    import torch
+    import torch.distributed as dist
+
+    if spec.device.startswith("cuda"):
+        torch.cuda.set_device(torch.device(spec.device))
+    dist.init_process_group(backend=spec.backend, init_method="env://", rank=spec.rank, world_size=spec.world_size)
+    # gloo can return from init on one rank while a peer is still completing its connections;
+    # a rank whose code then ends at once would close them under the peer. Meet once first.
+    if spec.backend == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])  # names the device: no NCCL guesswork
+    else:
+        dist.barrier()
+
+
+def _patch_init_process_group(namespaces) -> None:
+    """Existing DDP code calls init_process_group() itself: make that a no-op once ours is up."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.init_process_group
+    if getattr(original, "_nblaunch", False):
+        return
+
+    def init_process_group(*args, **kwargs):
+        if dist.is_initialized():
+            return None
+        return original(*args, **kwargs)
+
+    init_process_group._nblaunch = True
+    init_process_group.__doc__ = original.__doc__
+    init_process_group.__wrapped__ = original
+    dist.init_process_group = c10d.init_process_group = init_process_group
+    for ns in namespaces:
+        for k, v in list(ns.items()):
+            if v is original:
+                ns[k] = init_process_group
+
+
+def run_rank(spec: RankSpec, work, events, replies_fd: int = -1) -> RankEnd:
+    """Run ``work`` = (fn, args, kwargs) as rank ``spec.rank``; every outcome is also sent as an event.
+
+    ``replies_fd``: the kernel → rank pipe of an engine that relays rank 0's display() and input()
+    to the notebook (the local engine); -1 where the engine does not.
+    """
+    fn, args, kwargs = work
+    failed = start_rank(spec, events, [getattr(fn, "__globals__", {})], replies_fd)
+    if failed is not None:
+        return failed
+    events.send("ready", {**stamp(), "pid": os.getpid()})
+    return run_work(spec, fn, args, kwargs, events)
+
+
+def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> RankEnd | None:
+    """Set the rank up once (environment, context, process group, progress bars); a RankEnd if that failed.
+
+    A live rank (``worker.live_rank``) calls this once and then ``run_work`` for every cell.
+    """
+    import sys
+
+    phase = "startup"
+    try:
+        os.environ.update(spec.env)
+        if threading.current_thread() is threading.main_thread():  # (Ray Train runs ranks in a thread)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _set_threads()
+        context.set_current(
+            context.WorkerContext(
+                spec.rank,
+                spec.local_rank,
+                spec.world_size,
+                spec.device,
+                events,
+                progress_render=spec.progress_render,
+                progress_scope=spec.progress_scope,
+            )
+        )
+        rank_identity.become_launched_worker(spec.rank)  # no interactive markers, clean Accelerate state
+        if replies_fd >= 0:
+            rank_display.install(events, spec.rank)  # rank 0's display() / plt.show() reach the cell
+            rank_stdin.install(events, replies_fd, spec.rank)  # rank 0's input() / pdb answered in the cell
+        if spec.init_process_group:
+            phase = "init_process_group"
+            _init_process_group(spec)
+        main = sys.modules.get("__main__")
+        _patch_init_process_group(list(namespaces) + ([vars(main)] if main is not None else []))
+        progress.install_in_worker()
+        metric_capture.install_in_worker(spec.metrics == "on")
+        return None
+    except BaseException as e:  # noqa: B036 - every failure must reach the kernel
+        _report(events, e, phase)
+        return RankEnd(1, e)
+
+
+def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
+    """Run one piece of user code on a set-up rank: ``done`` and the result, or the error, as events."""
+    phase = "run"
+    try:
+        value = fn(*args, **kwargs)
+        progress.finish_in_worker()
+        events.send("done", stamp())
+        phase = "result gather"  # every rank: sharded values (FSDP, DTensor) are gathered together
+        value = sharded_results.gather_for_return(unwrap_for_return(value), keep=spec.return_result)
+        phase = "result"
+        if spec.return_result:
+            events.send_result(dumps_result(value))
+        return RankEnd(0)
+    except SystemExit as e:  # sys.exit(0) in user code is a normal end, like a script's
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if code != 0:
+            _report(events, e, phase)
+        elif phase == "run":
+            rank_departure.announce(events, e)  # peers still in a collective will blame this
+        if phase == "run":
+            sharded_results.leave()  # no peer waits for this rank's part of a gather
+        return RankEnd(code, e if code else None)
+    except BaseException as e:  # noqa: B036 - every failure must reach the kernel
+        if phase == "result":
+            e = RuntimeError(
+                f"rank {spec.rank}'s return value could not be sent back: {type(e).__name__}: {e}. "
+                "Return plain data (numbers, lists, dicts, tensors, state_dict()) instead."
+            )
+        _report(events, e, phase)
+        return RankEnd(1, e)
+
+
+def _report(events, e: BaseException, phase: str) -> None:
+    try:
+        events.send("error", error_payload(e, phase))
+    except Exception:
+        traceback.print_exc()
+
+
+def destroy_process_group_after(end: RankEnd, spec: RankSpec) -> None:
+    """A rank that ended well and set its own process group up takes it down (never after a failure:
+    that could block on a peer that is being stopped)."""
+    if end.code != 0 or not spec.init_process_group:
+        return
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    except Exception:
+        pass

@@ -1,0 +1,83 @@
+"""A rank's return value on its way to the kernel: unwrapped from DDP, every tensor on CPU.
+
+Example::
+
+    >>> body = dumps_result({"w": torch.ones(2, device="cuda")})   # doctest: +SKIP
+    >>> cloudpickle.loads(body)["w"].device                         # doctest: +SKIP
+    device(type='cpu')
+"""
+
+from __future__ import annotations
+
+import io
+import sys
+import types
+
+from . import sharded_results
+
+# Under fork, classes and functions the notebook defined before the launch exist in the
+# kernel too: results refer to them by name, so a returned ``Net`` instance is an instance
+# of the notebook's own ``Net`` class, not of a copy.
+_KERNEL_MAIN_OBJECTS: dict[str, int] = {}
+
+
+def remember_kernel_main_objects() -> None:
+    """Called once in a forked rank: the notebook's own classes and functions, by name."""
+    main = sys.modules.get("__main__")
+    for name, obj in list(vars(main).items()) if main is not None else ():
+        if isinstance(obj, (type, types.FunctionType)) and getattr(obj, "__module__", None) == "__main__":
+            if getattr(obj, "__qualname__", None) == name:
+                _KERNEL_MAIN_OBJECTS[name] = id(obj)
+
+
+def _kernel_main_attr(qualname: str):
+    return getattr(sys.modules["__main__"], qualname)
+
+
+def _identity(x):
+    return x
+
+
+def _to_cpu_pickler():
+    """A cloudpickle pickler that moves every non-CPU tensor to CPU as it is written, wherever it sits."""
+    import cloudpickle
+    import torch
+
+    shards = sharded_results.shard_types()
+
+    class ToCPUPickler(cloudpickle.Pickler):
+        def reducer_override(self, obj):
+            if isinstance(obj, (type, types.FunctionType)) and _KERNEL_MAIN_OBJECTS.get(
+                getattr(obj, "__qualname__", None)
+            ) == id(obj):
+                return (_kernel_main_attr, (obj.__qualname__,))
+            if shards and isinstance(obj, shards):  # never send a shard that looks like the whole
+                raise sharded_results.ShardedResultError(
+                    f"{sharded_results.describe_shard(obj)} is still in the return value: it sits inside an object "
+                    "nblaunch does not look into (one that pickles itself). Return it in a dict, list, tuple or module."
+                )
+            if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":
+                cpu = obj.detach().to("cpu")
+                if isinstance(obj, torch.nn.Parameter):  # modules need Parameters back, not tensors
+                    return (torch.nn.Parameter, (cpu.as_subclass(torch.Tensor), obj.requires_grad))
+                if cpu.device.type != "cpu":  # a subclass that keeps claiming a device: keep the data
+                    cpu = cpu.as_subclass(torch.Tensor)
+                return (_identity, (cpu,))
+            return super().reducer_override(obj)
+
+    return ToCPUPickler
+
+
+def dumps_result(value) -> bytes:
+    """Pickle a return value with every tensor on CPU, so the kernel never initializes CUDA receiving it."""
+    buf = io.BytesIO()
+    _to_cpu_pickler()(buf, protocol=5).dump(value)
+    return buf.getvalue()
+
+
+def unwrap_for_return(value):
+    """A DDP-wrapped module comes back as the plain module."""
+    mod = getattr(value, "module", None)
+    if mod is not None and type(value).__name__ in ("DistributedDataParallel", "DataParallel"):
+        return mod
+    return value

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The GPU test kit in one call, on a bare GPU machine without network (issue 15):
+#
+#     bash tests/gpu/on_device.sh OUTDIR
+#
+# 1. refuses at once without a CUDA GPU: the one-line reason on stderr and in OUTDIR/summary.md, exit 1;
+# 2. installs the wheels of .gpu-wheels/ (made by `make gpu-wheels`) that this python lacks, with
+#    --no-index --no-deps --target, and puts the checkout and that folder on PYTHONPATH;
+# 3. runs tests/gpu/ with a per-test timeout (junit.xml and pytest.log in OUTDIR);
+# 4. runs the GPU benchmarks bench/gpu_launch.py and bench/gpu_steady.py (bench.log);
+# 5. writes OUTDIR/summary.md: pass/fail per test, versions, nvidia-smi, the bench tables.
+# Sized for about 6 minutes on one H200; each stage has a hard cap, so it ends within 8.
+# Environment: PY (python3), GPU_WHEELS (.gpu-wheels), GPU_TEST_TIMEOUT (120 s per test),
+# TESTS_BUDGET_S (240), LAUNCH_BENCH_BUDGET_S (90), STEADY_BENCH_BUDGET_S (120), SKIP_BENCH=1.
+set -u -o pipefail
+OUT=${1:?usage: bash tests/gpu/on_device.sh OUTDIR}
+REPO=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$REPO" || exit 2
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd) || exit 2
+PY=${PY:-python3}
+START=$(date +%s)
+WORK=$(mktemp -d "${TMPDIR:-/tmp}/nblaunch-gpu-kit.XXXXXX")
+STAGES="$WORK/stages.tsv"
+export PYTHONUNBUFFERED=1
+SECONDS=0
+
+stage() { printf '%s\t%s\t%s\n' "$1" "$2" "$3" >>"$STAGES"; }   # name, status, detail
+summary() {
+    "$PY" tests/gpu/write_summary.py "$OUT" "$STAGES" "$WORK" "$START" \
+        || { echo "# nblaunch GPU test kit"; cat "$STAGES"; } >"$OUT/summary.md"
+}
+capped() {  # capped SECONDS LOG CMD...: run CMD with a hard time cap; its exit status, 124 past the cap
+    local cap=$1 log=$2
+    shift 2
+    timeout -k 10 "$cap" "$@" >>"$log" 2>&1
+}
+
+# 1. a CUDA GPU, as the python that runs the tests sees it
+if ! "$PY" tests/gpu/require_cuda.py 2>"$WORK/cuda.err"; then
+    cat "$WORK/cuda.err" >&2
+    stage "CUDA check" refused "$(head -n 1 "$WORK/cuda.err")"
+    summary
+    rm -rf "$WORK"
+    exit 1
+fi
+nvidia-smi --query-gpu=index,name,memory.total,driver_version --format=csv,noheader >"$WORK/nvidia-smi.txt" 2>&1
+stage "CUDA check" ok "$(wc -l <"$WORK/nvidia-smi.txt") GPU(s); ${SECONDS}s"
+
+# 2. the missing Python packages, from wheels carried here
+SITE="$WORK/site"
+WHEELS=${GPU_WHEELS:-.gpu-wheels}
+if [ -d "$WHEELS" ]; then
+    mapfile -t MISSING < <("$PY" tests/gpu/missing_wheels.py "$WHEELS")
+    if [ "${#MISSING[@]}" -eq 0 ]; then
+        stage install ok "nothing missing from $WHEELS"
+    elif "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --disable-pip-version-check \
+        --target "$SITE" "${MISSING[@]}" >"$WORK/pip.log" 2>&1; then
+        stage install ok "${#MISSING[@]} wheels into $SITE: $(for w in "${MISSING[@]}"; do basename "$w" | cut -d- -f1; done | tr '\n' ' ')(${SECONDS}s)"
+    else
+        stage install FAILED "$(tail -n 3 "$WORK/pip.log")"
+    fi
+else
+    stage install skipped "no $WHEELS folder: IPython/Jupyter tests need it (make gpu-wheels, then carry it)"
+fi
+export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
+if "$PY" -c "import IPython, ipykernel, ipywidgets, jupyter_client, nbclient, nbformat, pynvml" 2>"$WORK/import.err"; then
+    stage imports ok "IPython, ipykernel, ipywidgets, jupyter_client, nbclient, nbformat, pynvml import"
+else
+    stage imports FAILED "$(tail -n 1 "$WORK/import.err")"
+fi
+
+# 3. the GPU tests
+t0=$SECONDS
+# only pytest-timeout among the machine's pytest plugins: none of the others can touch CUDA in the test process
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 capped "${TESTS_BUDGET_S:-240}" "$OUT/pytest.log" "$PY" -m pytest tests/gpu \
+    -p pytest_timeout -p no:cacheprovider -rA --timeout="${GPU_TEST_TIMEOUT:-120}" --junitxml="$OUT/junit.xml"
+rc=$?
+case $rc in
+    0) stage "tests/gpu" passed "$((SECONDS - t0))s" ;;
+    124 | 137) stage "tests/gpu" "TIMED OUT" "stopped after ${TESTS_BUDGET_S:-240}s; see pytest.log" ;;
+    *) stage "tests/gpu" FAILED "pytest exit status $rc after $((SECONDS - t0))s" ;;
+esac
+status=$rc
+
+# 4. the GPU benchmarks
+if [ "${SKIP_BENCH:-0}" != 1 ]; then
+    for bench in gpu_launch:"${LAUNCH_BENCH_BUDGET_S:-90}" gpu_steady:"${STEADY_BENCH_BUDGET_S:-120}"; do
+        name=${bench%%:*} cap=${bench##*:} t0=$SECONDS
+        echo "=== bench.$name ===" >>"$OUT/bench.log"
+        capped "$cap" "$OUT/bench.log" "$PY" -m "bench.$name"
+        rc=$?
+        case $rc in
+            0) stage "bench.$name" ok "$((SECONDS - t0))s" ;;
+            124 | 137) stage "bench.$name" "TIMED OUT" "stopped after ${cap}s; see bench.log" ;;
+            *) stage "bench.$name" FAILED "exit status $rc; see bench.log" ;;
+        esac
+        [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
+    done
+fi
+
+stage total done "${SECONDS}s"
+summary
+rm -rf "$WORK"
+exit $status

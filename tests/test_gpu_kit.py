@@ -1,0 +1,96 @@
+"""The GPU test kit on a machine without a GPU: it refuses at once and clearly, and never reports a pass.
+
+``make test-gpu``, ``pytest tests/gpu`` and ``tests/gpu/on_device.sh`` each stop with the one line
+below and a non-zero exit; the on-device script still writes its summary saying so; and the normal
+``pytest tests`` run does not collect tests/gpu at all (no skip to count).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from kernelside.launch.hardware import gpu_count
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+NO_CUDA = "no CUDA device: make test-gpu needs a machine with a GPU"
+
+pytestmark = pytest.mark.skipif(
+    gpu_count() > 0,
+    reason="this machine has a CUDA GPU: the refusal cannot be shown here (make test-gpu runs the kit instead)",
+)
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": REPO}
+
+
+@pytest.mark.parametrize("python", ["the venv's", "GPU_PY"])
+def test_make_test_gpu_stops_at_once_with_one_clear_line_and_a_failing_exit(python):
+    extra = [f"GPU_PY={sys.executable}"] if python == "GPU_PY" else []
+    t0 = time.monotonic()
+    run = subprocess.run(
+        ["make", "--no-print-directory", "test-gpu", *extra],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert run.returncode != 0
+    lines = run.stderr.splitlines()
+    assert lines[0] == NO_CUDA, run.stderr
+    assert all(line.startswith("make: ***") for line in lines[1:]), run.stderr  # make's own "Error 1" line
+    assert "pytest" not in run.stdout and "passed" not in run.stdout  # nothing ran, nothing was installed
+    assert time.monotonic() - t0 < 10, "the refusal came only after other work"
+
+
+def test_pytest_on_tests_gpu_refuses_before_collecting_anything():
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/gpu", "-p", "no:cacheprovider", "-q"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert run.returncode == 1
+    assert f"Exit: {NO_CUDA}" in run.stderr, run.stderr
+    assert "passed" not in run.stdout and "skipped" not in run.stdout
+
+
+def test_root_pytest_run_does_not_collect_the_gpu_tests():
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "tests", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=_env(),
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    collected = [line for line in run.stdout.splitlines() if "::" in line]
+    assert any(line.startswith("tests/test_gpu_kit.py::") for line in collected)
+    assert not [line for line in collected if line.startswith("tests/gpu/")]
+    assert NO_CUDA not in run.stdout + run.stderr  # tests/gpu/conftest.py was not even loaded
+
+
+def test_on_device_script_refuses_and_still_writes_a_summary_saying_so(tmp_path):
+    out = tmp_path / "out"
+    run = subprocess.run(
+        ["bash", "tests/gpu/on_device.sh", str(out)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**_env(), "PY": sys.executable},
+    )
+    assert run.returncode == 1
+    assert run.stderr.splitlines() == [NO_CUDA]
+    summary = (out / "summary.md").read_text()
+    assert f"**{NO_CUDA}**" in summary and "Nothing was run: no test, no benchmark." in summary
+    assert sorted(p.name for p in out.iterdir()) == ["summary.md"]  # no junit, no log: nothing ran

@@ -1,0 +1,317 @@
+"""Live ranks in a real kernel: state across cells, names from the kernel, failures, interrupts, restarts."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import psutil
+import pytest
+from kernel import Kernel
+
+STATUS = "import json\nfrom kernelside.live.session import current\nprint(json.dumps(current().status()))"
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    k.run("%load_ext kernelside\nimport os, time, signal").ok()
+    k.run("%distributed_start -n 2").ok()
+    yield k
+    k.run("%distributed_stop")
+    k.shutdown()
+
+
+def _pids(k: Kernel) -> list[int]:
+    return [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
+
+
+def _error_text(cell) -> str:
+    return "\n".join(cell.error["traceback"]) if cell.error else ""
+
+
+def test_names_a_cell_assigns_stay_on_the_ranks_for_later_cells(kernel):
+    kernel.run("%%distributed\nstate = {'r': rank, 'n': 0}").ok()
+    for _ in range(3):
+        kernel.run("%%distributed\nstate['n'] += 1").ok()
+    cell = kernel.run("%%distributed --return-from all --return states\nstates = (state['r'], state['n'])").ok()
+    assert kernel.run("print(states)").ok().stdout.strip() == "[(0, 3), (1, 3)]"
+    assert cell.error is None
+
+
+def test_a_function_defined_in_the_kernel_after_start_runs_on_the_ranks_with_their_names(kernel):
+    kernel.run("%%distributed\nscale = 10 + rank").ok()
+    kernel.run("def scaled(x):\n    return x * scale + offset\noffset = 0.5").ok()  # offset: a kernel name
+    cell = kernel.run("%%distributed --return-from all --return out\nout = scaled(2)").ok()
+    assert cell.error is None
+    assert kernel.run("print(out)").ok().stdout.strip() == "[20.5, 22.5]"
+
+
+def test_ranks_0_runs_only_on_rank_0_and_its_result_is_the_cells(kernel):
+    kernel.run("%%distributed\nhits = 0").ok()
+    cell = kernel.run("%%distributed --ranks 0\nhits += 1\nprint('on', rank)\nhits").ok()
+    assert "on 0" in cell.stdout and cell.result["text/plain"] == "1"
+    cell = kernel.run("%%distributed --return-from all --return h\nh = hits").ok()
+    assert kernel.run("print(h)").ok().stdout.strip() == "[1, 0]"
+
+
+def test_a_flag_that_contradicts_the_session_is_an_error_and_nothing_runs(kernel):
+    kernel.run("%%distributed\nmarker = 'before'").ok()
+    cell = kernel.run("%%distributed -n 8\nmarker = 'after'")
+    assert cell.error is not None
+    text = _error_text(cell)
+    assert "-n 8 contradicts the live session" in text and "num_processes is 2" in text
+    assert kernel.run("%%distributed\nmarker").ok().result["text/plain"] == "'before'"
+
+
+def test_the_status_line_and_last_report_say_live_session_cell_n(kernel):
+    kernel.run("%%distributed\ny = 1").ok()
+    cell = kernel.run("r = %distributed_last\nprint(r.session, r.outcome)").ok()
+    assert cell.stdout.startswith("live session, cell ") and cell.stdout.strip().endswith(" ok")
+
+
+def test_rank_error_while_peer_waits_in_barrier_returns_within_5s_and_next_cell_works(kernel):
+    kernel.run("%%distributed\nkept = 'old state'").ok()
+    t0 = time.monotonic()
+    cell = kernel.run(
+        "%%distributed\nimport torch.distributed as dist\nif rank == 1:\n    raise ValueError('rank 1 broke')\n"
+        "dist.barrier()",
+        timeout=30,
+    )
+    elapsed = time.monotonic() - t0
+    assert cell.error is not None and cell.error["ename"] == "WorkerError"
+    text = _error_text(cell)
+    assert elapsed < 5, elapsed
+    assert "rank 1 failed: ValueError: rank 1 broke" in text and "line 4" in text
+    # rank 0 is either stuck in the barrier, or was interrupted out of it: then it ran one collective more
+    # than rank 1, and the next one would pair up wrong calls. Both mean a restart, said plainly.
+    assert "rank(s) 0 did not come back" in text or "ran different numbers of collectives" in text
+    assert "the live session was restarted: its state is gone" in text
+    after = kernel.run("%%distributed\n'kept' in globals() and kept == 'old state', rank").ok()
+    assert after.result["text/plain"] == "(False, 0)"  # restarted: said so above, and the new world works
+
+
+def test_rank_error_while_peer_runs_python_keeps_the_peers_state(kernel):
+    kernel.run("%%distributed\nkept = f'state of {rank}'").ok()
+    cell = kernel.run("%%distributed\nif rank == 1:\n    raise KeyError('only rank 1')\ntime.sleep(30)", timeout=30)
+    text = _error_text(cell)
+    assert "rank 1 failed: KeyError" in text and "restarted" not in text
+    after = kernel.run("%%distributed --return-from all --return k\nk = kept").ok()
+    assert after.error is None
+    assert kernel.run("print(k)").ok().stdout.strip() == "['state of 0', 'state of 1']"
+
+
+def test_interrupt_during_sleep_raises_keyboardinterrupt_within_half_a_second_and_keeps_state(kernel):
+    kernel.run("%%distributed\nsurvivor = rank * 100").ok()
+    sent = {}
+
+    def on_output(kind, content):
+        if "sleeping" in content.get("text", "") and not sent:
+            sent["t"] = time.monotonic()
+            kernel.interrupt()
+
+    cell = kernel.run("%%distributed\nprint('sleeping', flush=True)\ntime.sleep(60)", timeout=60, on_output=on_output)
+    elapsed = time.monotonic() - sent["t"]
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+    assert elapsed < 0.5, elapsed
+    after = kernel.run("%%distributed --return-from all --return s\ns = survivor").ok()
+    assert after.error is None and kernel.run("print(s)").ok().stdout.strip() == "[0, 100]"
+
+
+def test_interrupt_during_a_collective_restarts_the_world_and_names_the_stuck_rank(kernel):
+    sent = {}
+
+    def on_output(kind, content):
+        if "waiting" in content.get("text", "") and not sent:
+            sent["t"] = time.monotonic()
+            kernel.interrupt()
+
+    # rank 1 never joins the barrier: rank 0 sits in gloo's C++ wait, where SIGINT cannot reach Python
+    cell = kernel.run(
+        "%%distributed\nimport torch.distributed as dist\nprint('waiting', flush=True)\n"
+        "if rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)",
+        timeout=60,
+        on_output=on_output,
+    )
+    elapsed = time.monotonic() - sent["t"]
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+    assert elapsed < 5, elapsed
+    assert "rank(s) 0 did not come back" in cell.stderr or "different numbers of collectives" in cell.stderr
+    assert "the live session was restarted" in cell.stderr
+    kernel.run("%%distributed\nimport torch, torch.distributed as dist\nt = torch.ones(1)\ndist.all_reduce(t)").ok()
+
+
+def test_sigkill_of_a_rank_is_named_and_the_session_restarts(kernel):
+    pids = _pids(kernel)
+    cell = kernel.run(
+        "%%distributed\nif rank == 1:\n    os.kill(os.getpid(), signal.SIGKILL)\ntime.sleep(30)", timeout=30
+    )
+    text = _error_text(cell)
+    assert "rank 1 failed: killed by SIGKILL — out of memory?" in text
+    assert "the live session was restarted: its state is gone" in text
+    assert kernel.run("%%distributed\nrank").ok().result["text/plain"] == "0"
+    assert not any(psutil.pid_exists(p) for p in pids)
+
+
+def test_timeout_stops_the_cell_and_the_next_cell_works(kernel):
+    kernel.run("%%distributed\ntimed = rank").ok()
+    t0 = time.monotonic()
+    cell = kernel.run("%%distributed --timeout 1\ntime.sleep(60)", timeout=30)
+    assert cell.error is not None and cell.error["ename"] == "LaunchTimeoutError"
+    assert time.monotonic() - t0 < 5
+    assert "exceeded timeout=1s" in _error_text(cell)
+    assert kernel.run("%%distributed\ntimed").ok().result["text/plain"] == "0"
+
+
+def test_an_unchanged_200mb_tensor_crosses_once(kernel):
+    kernel.run("import torch\nbig = torch.ones(50_000_000)").ok()  # defined after start: the ranks lack it
+    before = int(kernel.run("from kernelside.live.session import current\nprint(current().names.names_bytes)").stdout)
+    for _ in range(10):
+        kernel.run("%%distributed\ntotal = big.sum().item()").ok()
+    after = int(kernel.run("print(current().names.names_bytes)").stdout)
+    assert 200e6 <= after - before < 201e6
+    kernel.run("big.add_(1)").ok()  # changed in place: sent again
+    kernel.run("%%distributed\nassert big[0].item() == 2.0").ok()
+    assert int(kernel.run("print(current().names.names_bytes)").stdout) - after >= 200e6
+    kernel.run("del big").ok()
+
+
+def test_push_sends_a_kernel_value_to_every_rank(kernel):
+    kernel.run("%%distributed\ncfg = 'rank value'").ok()
+    kernel.run("cfg = {'lr': 0.5}").ok()
+    kernel.run("%distributed_push cfg").ok()
+    cell = kernel.run("%%distributed --return-from all --return c\nc = cfg").ok()
+    assert cell.error is None and kernel.run("print(c)").ok().stdout.strip() == "[{'lr': 0.5}, {'lr': 0.5}]"
+
+
+def test_an_unsendable_name_is_named_and_nothing_runs():
+    k = Kernel()
+    try:
+        k.run("%load_ext kernelside\n%distributed_start -n 2 --start-method spawn").ok()
+        k.run("import threading\nlock = threading.Lock()").ok()
+        cell = k.run("%%distributed\nwith lock:\n    pass")
+        assert cell.error is not None and "'lock' (lock)" in _error_text(cell)
+        assert k.run("%%distributed\nrank").ok().result["text/plain"] == "0"
+    finally:
+        k.shutdown()
+
+
+KERNEL_FDS = """
+import os
+def _our_fds():  # IPython's own history database opens and closes as it likes: not ours
+    out = []
+    for f in os.listdir('/proc/self/fd'):
+        try:
+            target = os.readlink(f'/proc/self/fd/{f}')
+        except OSError:
+            continue
+        if 'history.sqlite' not in target:
+            out.append(target)
+    return sorted(out)
+print(len(_our_fds()))
+"""
+
+
+def _nothing_left(rank_pids: list[int]) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in rank_pids):
+        time.sleep(0.05)
+    assert not any(psutil.pid_exists(p) for p in rank_pids)
+
+
+def test_stop_and_restart_leave_no_process_port_or_fd():
+    k = Kernel()
+    try:
+        k.run("%load_ext kernelside").ok()
+        k.run("%distributed_start -n 2\n%distributed_stop").ok()  # what the first session opens for good (torch)
+        fds_before = int(k.run(KERNEL_FDS).ok().stdout)
+        k.run("%distributed_start -n 2").ok()
+        port = int(k.run("from kernelside.live.session import current\nprint(current().world.port)").stdout)
+        first = _pids(k)
+        cell = k.run("%distributed_restart").ok()
+        assert "its state is gone" in cell.stdout
+        second = _pids(k)
+        assert not set(first) & set(second) and not any(psutil.pid_exists(p) for p in first)
+        k.run("%distributed_stop").ok()
+        _nothing_left(second)
+        assert int(k.run(KERNEL_FDS).ok().stdout) == fds_before
+        assert port not in {c.laddr.port for c in psutil.Process(k.pid).net_connections() if c.laddr}
+        assert "live session: none" in k.run("%distributed_config").ok().stdout
+    finally:
+        k.shutdown()
+
+
+@pytest.mark.parametrize("how", ["shutdown", "sigkill"])
+def test_kernel_shutdown_or_death_takes_the_ranks_with_it(how):
+    k = Kernel()
+    k.run("%load_ext kernelside\n%distributed_start -n 2").ok()
+    pids = _pids(k)
+    if how == "shutdown":
+        k.shutdown()
+    else:
+        psutil.Process(k.pid).kill()
+        k.kc.stop_channels()
+    _nothing_left(pids)
+    if how == "sigkill":
+        k.km.shutdown_kernel(now=True)
+
+
+def test_spawn_started_session_keeps_state_and_gets_kernel_functions():
+    k = Kernel()
+    try:
+        k.run("%load_ext kernelside\n%distributed_start -n 2 --start-method spawn").ok()
+        k.run("def double(v):\n    return 2 * v").ok()
+        k.run("%%distributed\nacc = double(rank + 1)").ok()
+        k.run("%distributed_config").ok()
+        cell = k.run("%%distributed --return-from all --return a\na = acc").ok()
+        assert cell.error is None and k.run("print(a)").ok().stdout.strip() == "[2, 4]"
+        cell = k.run("%%distributed\nif rank == 1:\n    raise RuntimeError('spawned failure')\nacc")
+        assert "rank 1 failed: RuntimeError: spawned failure" in _error_text(cell)
+        assert k.run("%%distributed\nacc").ok().result["text/plain"] == "2"
+    finally:
+        k.shutdown()
+
+
+def test_function_form_runs_keeps_state_and_stops_as_a_context_manager():
+    k = Kernel()
+    try:
+        k.run("import kernelside, os").ok()
+        k.run(
+            "def load():\n    global weights\n    weights = [rank] * 3\n"
+            "def total(extra):\n    return sum(weights) + extra + bonus\nbonus = 100"
+        ).ok()
+        cell = k.run(
+            "with kernelside.start(num_processes=2) as ranks:\n    ranks.run(load)\n"
+            "    one = ranks.run(total, args=(1,))\n    every = ranks.run(total, args=(1,), return_all=True)\n"
+            "    ranks.push(bonus=0)\n    after_push = ranks.run(total, args=(1,))\n"
+            "    pids = [r['pid'] for r in ranks.status()]\nprint(one, every, after_push)"
+        ).ok()
+        assert cell.stdout.strip() == "101 [101, 104] 1"
+        pids = json.loads(k.run("import json\nprint(json.dumps(pids))").ok().stdout)
+        _nothing_left(pids)
+    finally:
+        k.shutdown()
+
+
+def test_200_cell_soak_keeps_fds_threads_and_memory_flat():
+    k = Kernel()
+    probe = KERNEL_FDS.replace(
+        "print(len(_our_fds()))",
+        "import threading, psutil, json\nfrom kernelside.live.session import current\n"
+        "print(json.dumps({'fds': len(_our_fds()), 'threads': threading.active_count(), "
+        "'rss': psutil.Process().memory_info().rss, 'ranks': [r['rss'] for r in current().status()]}))",
+    )
+    try:
+        k.run("%load_ext kernelside\n%distributed_start -n 2").ok()
+        for _ in range(20):  # warm: first-use allocations (caches, widgets) are not growth
+            k.run("%%distributed\nx = [rank] * 1000\nlen(x)").ok()
+        first = json.loads(k.run(probe).ok().stdout)
+        for i in range(200):
+            k.run(f"%%distributed\nx = [rank] * 1000\nlen(x) + {i}").ok()
+        last = json.loads(k.run(probe).ok().stdout)
+        print("soak first", first, "last", last)
+        assert last["fds"] == first["fds"] and last["threads"] == first["threads"]
+        assert last["rss"] - first["rss"] < 20 * 2**20
+        assert all(b - a < 20 * 2**20 for a, b in zip(first["ranks"], last["ranks"], strict=True))
+    finally:
+        k.shutdown()
