@@ -25,7 +25,8 @@ def _load_jupyter_server_extension(server_app) -> None:
     from .config_store import ConfigStore
     from .hardware_cache import HardwareCache
     from .routes import setup_routes
+    from .runs import RunFolders
 
     store = ConfigStore(server_app.root_dir)
-    setup_routes(server_app.web_app, store, HardwareCache())
+    setup_routes(server_app.web_app, store, HardwareCache(), RunFolders(server_app.root_dir))
     server_app.log.info("nblaunch: launch config for %s is %s", server_app.root_dir, store.target_path())

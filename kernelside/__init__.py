@@ -42,6 +42,7 @@ __all__ = [
     "LaunchError",
     "LaunchStoppedError",
     "LaunchTimeoutError",
+    "LaunchStoppedError",
     "WorkerError",
     "load_ipython_extension",
     "worker_context",

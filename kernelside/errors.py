@@ -99,7 +99,8 @@ class LaunchTimeoutError(WorkerError, TimeoutError):
 
 
 class LaunchStoppedError(WorkerError):
-    """The run was stopped from outside the cell (the launch panel's Stop); every rank was stopped."""
+    """The run was stopped from the launch panel (its Stop button or ``POST /nblaunch/runs/<id>/stop``);
+    every rank was stopped and nothing is left running. ``rank`` is None: no rank failed."""
 
 
 class CellInterrupted(_ShortTraceback, KeyboardInterrupt):

@@ -2,23 +2,25 @@
 
 import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
-import { INotebookTracker } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 
 import { EXPORT_CELL_SOURCE } from './cellTemplate';
 import { launchIcon } from './icon';
 import { insertDistributedCell } from './insertCell';
+import { addOpenLogCommand, listenToLogLinks } from './logCommands';
 import { LaunchPanel, PANEL_ID } from './panel';
 
 export const CommandIDs = {
   insertCell: 'nblaunch:insert-distributed-cell',
   insertExport: 'nblaunch:insert-export-cell',
-  openPanel: 'nblaunch:open-panel'
+  openPanel: 'nblaunch:open-panel',
+  openLog: 'nblaunch:open-log'
 };
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'nblaunch:panel',
   description:
-    'A side panel that edits the launch config of %%distributed and notebook_launcher().',
+    'A side panel that edits the launch config of %%distributed and notebook_launcher(), and shows, stops and opens the logs of every run.',
   autoStart: true,
   requires: [INotebookTracker],
   optional: [ICommandPalette, ILayoutRestorer],
@@ -31,7 +33,8 @@ const plugin: JupyterFrontEndPlugin<void> = {
     const panel = new LaunchPanel(
       launchIcon,
       () => app.commands.execute(CommandIDs.insertCell),
-      () => app.commands.execute(CommandIDs.insertExport)
+      () => app.commands.execute(CommandIDs.insertExport),
+      (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank })
     );
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, PANEL_ID);
@@ -60,7 +63,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label: 'Open Distributed launch panel',
       execute: () => app.shell.activateById(PANEL_ID)
     });
-    for (const command of Object.values(CommandIDs)) {
+    addOpenLogCommand(app, CommandIDs.openLog);
+    listenToLogLinks((run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }));
+    // A cell that runs may start a launch: watch the run folders until it is done.
+    NotebookActions.executionScheduled.connect((_, { cell }) => {
+      panel.runs.cellStarted(cell.model.id);
+      panel.watchRuns();
+    });
+    NotebookActions.executed.connect((_, { cell }) => panel.runs.cellFinished(cell.model.id));
+    for (const command of Object.values(CommandIDs).filter(c => c !== CommandIDs.openLog)) {
       palette?.addItem({ command, category: 'nblaunch' });
     }
     void panel.load();

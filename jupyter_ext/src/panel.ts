@@ -1,6 +1,7 @@
 /**
- * The "Distributed launch" side panel: loads the config and hardware from the server,
- * shows the form, and saves, reverts, imports and exports on the user's request.
+ * The "Distributed launch" side panel: the Runs section (live launches, their ranks, Stop,
+ * logs), then the config: loads it and the hardware from the server, shows the form, and
+ * saves, reverts, imports and exports on the user's request.
  */
 
 import { Dialog, showDialog } from '@jupyterlab/apputils';
@@ -12,18 +13,26 @@ import { ConfigForm } from './configForm';
 import { button, h } from './dom';
 import { HardwareSection } from './hardwareSection';
 import { ConfigModel } from './model';
-import { requestAPI } from './request';
+import { requestAPI, serverRunsBackend } from './request';
+import { RunsModel, RunsPoller } from './runsModel';
+import { OpenLog, RunsSection } from './runsView';
 import { PanelServerError } from './serverErrors';
 import { IConfigResponse, IExportResponse, IHardware, IImportResponse } from './types';
+
+type Message = Parameters<Widget['processMessage']>[0];
 
 /** The panel's DOM id, stable for tests and for `app.shell.activateById`. */
 export const PANEL_ID = 'nblaunch-panel';
 
 export class LaunchPanel extends Widget {
   readonly model = new ConfigModel();
+  readonly runs = new RunsModel(serverRunsBackend);
+  /** Refreshes the Runs section while a run is live (or a cell was just started) and the panel is shown. */
+  readonly poller = new RunsPoller(this.runs);
 
-  constructor(icon: LabIcon, insertCell: () => void, insertExport: () => void) {
+  constructor(icon: LabIcon, insertCell: () => void, insertExport: () => void, openLog: OpenLog) {
     super();
+    this._runsSection = new RunsSection(this.runs, openLog, () => void this.poller.start());
     this.id = PANEL_ID;
     this.addClass('nblaunch-panel');
     this.title.icon = icon;
@@ -48,6 +57,7 @@ export class LaunchPanel extends Widget {
         this._dirtyNote
       ),
       h('div', { class: 'nblaunch-actions' }, this._insertButton, this._exportButton),
+      this._runsSection.node,
       this._status,
       this._banner,
       this._body
@@ -60,6 +70,23 @@ export class LaunchPanel extends Widget {
       }
     });
     this.model.onChange(() => this._refresh());
+  }
+
+  /** Watch runs while the panel is shown; a hidden panel does not poll. */
+  watchRuns(): void {
+    if (this.isVisible) {
+      void this.poller.start();
+    }
+  }
+
+  protected onAfterShow(msg: Message): void {
+    super.onAfterShow(msg);
+    void this.poller.start();
+  }
+
+  protected onAfterHide(msg: Message): void {
+    super.onAfterHide(msg);
+    this.poller.stop();
   }
 
   /** Fetch config and hardware; the form shows as soon as the config arrives. */
@@ -253,5 +280,6 @@ export class LaunchPanel extends Widget {
   private _banner = h('div', { class: 'nblaunch-banner' });
   private _body = h('div', { class: 'nblaunch-body' });
   private _form = new ConfigForm(this.model);
+  private _runsSection: RunsSection;
   private _hardware = new HardwareSection(this.model);
 }

@@ -8,14 +8,20 @@
 import { URLExt } from '@jupyterlab/coreutils';
 import { ServerConnection } from '@jupyterlab/services';
 
+import { IRunsBackend } from './runsModel';
 import { errorFromResponse, PanelServerError } from './serverErrors';
+import { ILogChunk, IRunDetail, IRunSummary, IStopResponse } from './types';
 
 export async function requestAPI<T>(
   endPoint: string,
-  init: { method?: string; body?: unknown } = {}
+  init: { method?: string; body?: unknown; params?: Record<string, string | number> } = {}
 ): Promise<T> {
   const settings = ServerConnection.makeSettings();
-  const url = URLExt.join(settings.baseUrl, 'nblaunch', endPoint);
+  let url = URLExt.join(settings.baseUrl, 'nblaunch', endPoint);
+  if (init.params) {
+    const query = Object.entries(init.params).map(([k, v]) => [k, String(v)]);
+    url += `?${new URLSearchParams(query).toString()}`;
+  }
   const request: RequestInit = { method: init.method ?? 'GET' };
   if (init.body !== undefined) {
     request.body = JSON.stringify(init.body);
@@ -32,4 +38,26 @@ export async function requestAPI<T>(
     throw errorFromResponse(response.status, text);
   }
   return JSON.parse(text) as T;
+}
+
+/** The Runs view's calls: GET /nblaunch/runs, GET /nblaunch/runs/{id}, POST /nblaunch/runs/{id}/stop. */
+export const serverRunsBackend: IRunsBackend = {
+  list: () => requestAPI<IRunSummary[]>('runs'),
+  detail: id => requestAPI<IRunDetail>(`runs/${encodeURIComponent(id)}`),
+  stop: id => requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, { method: 'POST' })
+};
+
+/** GET /nblaunch/runs/{id}/ranks/{rank}/log with ?tail=N or ?offset=B. */
+export function fetchLog(
+  id: string,
+  rank: number,
+  query: { tail?: number; offset?: number }
+): Promise<ILogChunk> {
+  const params: Record<string, number> = {};
+  for (const [key, value] of Object.entries(query)) {
+    if (value !== undefined) {
+      params[key] = value;
+    }
+  }
+  return requestAPI<ILogChunk>(`runs/${encodeURIComponent(id)}/ranks/${rank}/log`, { params });
 }

@@ -75,3 +75,76 @@ export interface IExportResponse {
   text: string;
   command: string;
 }
+
+/** A run's state, as the kernel that runs it writes it ("lost": its kernel went away mid-run). */
+export type RunState =
+  | 'starting'
+  | 'running'
+  | 'done'
+  | 'failed'
+  | 'interrupted'
+  | 'stopped'
+  | 'timeout'
+  | 'lost'
+  | 'unknown';
+
+/** One entry of GET /nblaunch/runs (newest first). */
+export interface IRunSummary {
+  id: string;
+  state: RunState;
+  live: boolean;
+  can_stop: boolean;
+  started: number | null;
+  elapsed_s: number | null;
+  /** The notebook's path, relative to the server's root when it is inside it (notebook_path: as the kernel gave it). */
+  notebook: string | null;
+  notebook_path: string | null;
+  kernel_id: string | null;
+  kernel_pid: number | null;
+  engine: string | null;
+  world_size: number | null;
+  backend: string | null;
+  start_method: string | null;
+  root_cause: string | null;
+}
+
+/** One rank in GET /nblaunch/runs/{id}; the figures are there only for a live rank proven to be the run's. */
+export interface IRankInfo {
+  rank: number;
+  pid: number | null;
+  state: string;
+  exit: string | null;
+  log: string | null;
+  gpu?: string | null;
+  cpu_percent?: number | null;
+  rss_bytes?: number;
+  gpu_index?: number;
+  gpu_memory_bytes?: number | null;
+  gpu_util_percent?: number | null;
+}
+
+/** GET /nblaunch/runs/{id} */
+export interface IRunDetail extends IRunSummary {
+  ranks: IRankInfo[];
+  log_dir: string;
+  report: { startup_s: number | null; wall_s: number | null; exit: string[] } | null;
+}
+
+/** GET /nblaunch/runs/{id}/ranks/{rank}/log */
+export interface ILogChunk {
+  id: string;
+  rank: number;
+  log: string;
+  live: boolean;
+  text: string;
+  start: number;
+  end: number;
+  size: number;
+}
+
+/** POST /nblaunch/runs/{id}/stop */
+export interface IStopResponse {
+  id: string;
+  stopping: boolean;
+  message: string;
+}

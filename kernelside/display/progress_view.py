@@ -18,6 +18,7 @@ import time
 from tqdm import std as tqdm_std
 
 from .metrics_chart import MetricsChart, render_svg
+from .run_links import log_links_html
 
 REDRAW_S = 0.1
 CHART_S = 0.5
@@ -145,7 +146,7 @@ class RunDisplay:
             self.status.value = (
                 f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: '
                 f"{html.escape(self.report.outcome)}</b> — {first}<br/>logs: "
-                f"<code>{html.escape(self.report.log_dir)}</code></span>"
+                f"{log_links_html(self.report.log_dir, self.report.world_size)}</span>"
             )
 
     # -- drawing -------------------------------------------------------------------------
@@ -208,7 +209,7 @@ class RunDisplay:
         self.status.value = (
             f"<b>nblaunch</b>{live} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
             f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
-            f"<code>{html.escape(rep.log_dir)}</code>"
+            f"{log_links_html(rep.log_dir, rep.world_size)}"
         )
 
 

@@ -58,6 +58,8 @@ class EventLoop:
         # rank 0's display() and input() reach the notebook, in order with its text
         self.bridge = NotebookBridge(self, recorder)
         self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
+        if recorder.tracker is not None:  # the launch panel's Stop, served from this loop
+            recorder.tracker.attach(self.sel, recorder.stop_requested)
 
     def run(self) -> None:
         try:
@@ -77,7 +79,7 @@ class EventLoop:
             if self.give_up_at is not None and now >= self.give_up_at:
                 return
             stopping = self.rec.stopping_since
-            if stopping is not None and now - stopping > TERMINATE_GRACE_S:
+            if stopping is not None and now - stopping > (self.rec.grace_s or TERMINATE_GRACE_S):
                 return  # close() sends SIGKILL to what is left
             if self.deadline is not None and now >= self.deadline and stopping is None:
                 self.rec.timeout(self.timeout_s)
@@ -93,6 +95,8 @@ class EventLoop:
                 w, kind = key.data
                 if kind == "stdin":
                     self.bridge.on_wake()
+                elif kind == "control":
+                    w.on_ready(key.fd)  # w: the run's control channel (launch/run_control.py)
                 elif kind == "exit":
                     self._on_exit(w)
                 else:

@@ -33,6 +33,7 @@ from .recorder import RunRecorder
 from .report import LaunchReport
 from .request import LaunchOutcome, LaunchRequest
 from .run_dir import run_log_dir
+from .run_tracker import track_run
 
 INTERRUPT_GRACE_S = 1.0
 _launch_lock = threading.Lock()
@@ -107,15 +108,15 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             "launches run one at a time. Wait for it to finish, then launch again."
         )
     try:
-        with run_log_dir(plan.log_dir) as log_dir:
+        with run_log_dir(plan.log_dir) as log_dir, track_run(log_dir, plan, last_report) as tracker:
             engine = cls(req, plan, log_dir, out, err, render=render_mode(plan.output), spawn_blob=blob)
             blob = None
-            return run_engine(engine, req, plan, log_dir, out, err)
+            return run_engine(engine, req, plan, log_dir, out, err, tracker)
     finally:
         _launch_lock.release()
 
 
-def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err) -> LaunchOutcome:
+def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker=None) -> LaunchOutcome:
     """One run of the kernel loop on ``engine``: report, output routing, widgets, recorder, outcome.
 
     ``launch()`` runs each launch through it; a live session runs each cell through it
@@ -148,6 +149,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err) -> Laun
         peer_hint=engine.peer_hint,
         t_call=engine.t_call,
         gpu=sampler_for(plan.gpu_ids),
+        tracker=tracker,
     )
     interrupted = None
     try:
@@ -160,7 +162,9 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err) -> Laun
         recorder.interrupted()
         raise
     finally:
-        engine.close(INTERRUPT_GRACE_S if interrupted else engine.stop_grace_s, recorder)
+        # (stopped from the panel: the engine's loop has given the ranks their grace already)
+        grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
+        engine.close(grace, recorder)
         recorder.close()
         if interrupted is not None:
             recorder.finish_interrupted(interrupted)

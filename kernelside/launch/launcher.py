@@ -6,7 +6,7 @@ import inspect
 import sys
 
 from ..config.launch_rules import arguments as config_arguments
-from ..errors import LaunchConfigError, LaunchTimeoutError, WorkerError
+from ..errors import LaunchConfigError, LaunchStoppedError, LaunchTimeoutError, WorkerError
 from .engine import launch
 from .request import LaunchRequest
 
@@ -128,7 +128,7 @@ def notebook_launcher(
         try:
             outcome = launch(req)
             return outcome.values if return_all else outcome.value
-        except LaunchTimeoutError:
+        except (LaunchTimeoutError, LaunchStoppedError):  # a stopped run is never restarted
             raise
         except WorkerError as e:
             if attempt == max_restarts:

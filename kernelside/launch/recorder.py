@@ -27,8 +27,11 @@ import cloudpickle
 
 from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
 from .report import ExitStatus, Failure, LaunchReport, RankReport, format_failure_message
+from .run_control import STOPPED_MESSAGE
 
 CLOCKS = {"monotonic": time.monotonic, "wall": time.time}
+STOP_GRACE_S = 1.0  # Stop from the launch panel: SIGKILL sooner than after a failure, so it ends within 2 s
+ERRORS = {"timeout": LaunchTimeoutError, "stopped": LaunchStoppedError}  # by outcome; else WorkerError
 
 
 class RunRecorder:
@@ -47,6 +50,7 @@ class RunRecorder:
         peer_hint: str | None = None,
         t_call: float | None = None,
         gpu=None,
+        tracker=None,
     ):
         self.report = report
         self.clock = clock
@@ -59,7 +63,8 @@ class RunRecorder:
         self._stop = stop
         self.gpu = gpu  # per-rank GPU memory/utilization (launch.gpu_usage); None without GPUs to watch
         self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
-        self.stop_reason: str | None = None
+        self.grace_s: float | None = None  # SIGTERM → SIGKILL grace the engine's loop gives (None: its own)
+        self.tracker = tracker  # the launch panel's state file and Stop channel (launch/run_tracker.py)
         self.results: list[bytes | None] = [None] * report.world_size
         self.idle: dict[int, dict] = {}  # a live rank's last ``idle`` event (it is back waiting for requests)
         self.notes: list[str] = []  # what the engine did about the failure (a live session restarted, say)
@@ -161,12 +166,16 @@ class RunRecorder:
         if not self.report.failures:
             self._fail(Failure(rank=None, kind="exit", t=self.now(), message=message))
 
-    def stop_requested(self, reason: str) -> None:
-        """Someone outside the run asked for it to stop (the launch panel's Stop)."""
-        if not self.stopping:
-            self.stop_reason = reason
-            self.report.outcome = "stopped"
-            self._begin_stop()
+    def stop_requested(self) -> bool:
+        """The launch panel's Stop (over the run's control channel); True if the run is stopping now.
+
+        Stopping goes the failure path, with a shorter grace before SIGKILL so the run ends within 2 s.
+        """
+        if self.stopping:
+            return False
+        self.grace_s = STOP_GRACE_S
+        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=STOPPED_MESSAGE), outcome="stopped")
+        return True
 
     def interrupted(self) -> None:
         self.report.outcome = "interrupted"
@@ -190,6 +199,8 @@ class RunRecorder:
             self.display.tick()
         if self.gpu is not None:
             self.gpu.tick(self.report.ranks, time.monotonic())
+        if self.tracker is not None:
+            self.tracker.tick(self.report)
 
     # -- the outcome ----------------------------------------------------------------------
     def close(self) -> None:
@@ -247,14 +258,6 @@ class RunRecorder:
 
     def _error(self) -> WorkerError | None:
         rep = self.report
-        if rep.outcome == "stopped" and not rep.failures:
-            return LaunchStoppedError(
-                f"nblaunch: the run was stopped {self.stop_reason}; every rank was stopped and nothing is left "
-                f"running.\nlogs of every rank: {rep.log_dir}",
-                rank=None,
-                failures=[],
-                report=rep,
-            )
         if not rep.failures:
             return None
         root = rep.root_cause()
@@ -263,7 +266,7 @@ class RunRecorder:
             message += "\n" + self.peer_hint
         if self.notes:
             message += "\n" + "\n".join(self.notes)
-        cls = LaunchTimeoutError if rep.outcome == "timeout" else WorkerError
+        cls = ERRORS.get(rep.outcome, WorkerError)
         return cls(message, rank=root.rank, failures=rep.failures, report=rep)
 
     def _blame_departures(self) -> None:

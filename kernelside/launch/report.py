@@ -55,7 +55,7 @@ def signal_name(signum: int) -> str:
 @dataclasses.dataclass
 class Failure:
     rank: int | None  # None: the launch as a whole (timeout)
-    # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout"
+    # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout" | "stopped" (launch panel)
     # | "left" (a rank's own sys.exit while its peers waited: RunRecorder._blame_departures)
     kind: str
     message: str
@@ -187,7 +187,7 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     parts, quoted = [], [root]
     if root.kind == "left":  # a rank's own sys.exit(0) while its peers waited for it
         parts, quoted = _departure_parts(report, root)
-    elif root.kind == "timeout":
+    elif root.kind in ("timeout", "stopped"):
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
     elif root.rank is None:  # the engine itself failed (Ray Train), with no rank to blame
         return f"nblaunch: {root.message}\nlogs of every rank: {report.log_dir}"

@@ -20,7 +20,7 @@ import shutil
 import tempfile
 
 KEEP_RUN_LOGS = 50  # per log folder, the newest runs' logs are kept; older run folders are removed
-_IN_USE = ".in-use"  # each run holds an flock on this file while it runs: pruning never takes a live folder
+IN_USE_FILE = ".in-use"  # each run holds an flock on this file while it runs: pruning never takes a live folder
 
 
 def runs_base(log_dir: str | None) -> str:
@@ -39,7 +39,7 @@ def run_log_dir(log_dir: str | None):
             shutil.rmtree(old, ignore_errors=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     path = tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=base)
-    fd = os.open(os.path.join(path, _IN_USE), os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(os.path.join(path, IN_USE_FILE), os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield path
@@ -50,7 +50,7 @@ def run_log_dir(log_dir: str | None):
 def in_use(run_dir: str) -> bool:
     """True while the launch that owns ``run_dir`` is running."""
     try:
-        fd = os.open(os.path.join(run_dir, _IN_USE), os.O_RDWR)
+        fd = os.open(os.path.join(run_dir, IN_USE_FILE), os.O_RDWR)
     except OSError:
         return False
     try:

@@ -95,7 +95,9 @@ def lab_server(tmp_path):
     notification.write_text(json.dumps({"fetchNews": "false"}))
     port, token = _free_port(), secrets.token_hex(16)
     env = {k: v for k, v in os.environ.items() if k not in ("NBLAUNCH_CONFIG", "JUPYTER_CONFIG_DIR")}
+    (tmp_path / "tmp").mkdir()
     env.update(
+        TMPDIR=str(tmp_path / "tmp"),  # the kernels' run folders: this test's alone, not the machine's
         HOME=str(tmp_path / "home"),
         HF_HOME=str(tmp_path / "hf"),
         JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),

@@ -1,0 +1,203 @@
+"""Reading a run folder without ever leaving it: its state file, its rank logs, its lock and its
+control socket, each opened relative to the folder's own descriptor with ``O_NOFOLLOW`` and
+closed before the request ends (the server holds no file of a run between requests).
+
+The names are the kernel side's contract (``kernelside/launch/run_state.py``, ``run_control.py``,
+``engine._run_log_dir``); the server extension imports only ``kernelside.config``, so they are
+repeated here and a test checks both sides agree.
+
+Example::
+
+    >>> with RunDir.open("/tmp/nblaunch-0/run-20250101-120000-ab12cd34") as d:   # doctest: +SKIP
+    ...     d.read_json("state.json"), d.in_use()
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import socket
+import stat
+
+# the run folder's contract is the kernel side's: these names are its (re-exported for the server)
+from kernelside.launch.run_control import CONTROL_SOCKET
+from kernelside.launch.run_dir import IN_USE_FILE
+from kernelside.launch.run_state import STATE_FILE
+
+__all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError"]
+
+MAX_STATE_BYTES = 1 << 20
+MAX_LOG_CHUNK = 1 << 20  # one answer carries at most this much of a log
+_SUN_PATH_MAX = 107
+
+
+class RunFileError(Exception):
+    """A file of a run cannot be read as asked; ``status`` is the HTTP answer it deserves."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+class RunDir:
+    """An open run folder (a directory descriptor); use as a context manager so it is closed."""
+
+    def __init__(self, path: str, fd: int):
+        self.path, self.fd = path, fd
+
+    @classmethod
+    def open(cls, path: str) -> RunDir:
+        """Open ``path`` as a real folder of this user: a symlink or another user's folder is refused (403)."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError as e:
+            if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise RunFileError(403, f"refused: {path} is not a plain folder (a symbolic link?)") from None
+            raise RunFileError(404, f"no run folder {path}") from None
+        if os.fstat(fd).st_uid != os.getuid():
+            os.close(fd)
+            raise RunFileError(403, f"refused: {path} belongs to another user")
+        return cls(path, fd)
+
+    def __enter__(self) -> RunDir:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        os.close(self.fd)
+
+    def _open_file(self, name: str) -> int:
+        if not name or "/" in name or name in (".", ".."):
+            raise RunFileError(400, f"refused: {name!r} is not a file name inside the run folder")
+        try:
+            # O_NONBLOCK: a FIFO planted under this name cannot hang the server
+            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=self.fd)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise RunFileError(403, f"refused: {name} in {self.path} is a symbolic link") from None
+            raise RunFileError(404, f"{name} does not exist in {self.path}") from None
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunFileError(403, f"refused: {name} in {self.path} is not a regular file")
+        return fd
+
+    def read_json(self, name: str) -> dict | None:
+        """The JSON object in ``name``, or None if it is missing, too large or not a JSON object."""
+        try:
+            fd = self._open_file(name)
+        except RunFileError:
+            return None
+        try:
+            data = os.read(fd, MAX_STATE_BYTES + 1)
+        finally:
+            os.close(fd)
+        if len(data) > MAX_STATE_BYTES:
+            return None
+        try:
+            value = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            return None
+        return value if isinstance(value, dict) else None
+
+    def in_use(self) -> bool:
+        """True while the kernel that runs this launch holds the folder's lock (it is alive and not done)."""
+        try:
+            fd = self._open_file(IN_USE_FILE)
+        except RunFileError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released by the close below
+            return False
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+
+    def read_log(self, name: str, *, tail: int = 200, offset: int | None = None) -> dict:
+        """``tail`` last lines, or the bytes from ``offset`` on (at most MAX_LOG_CHUNK); start/end are byte offsets."""
+        fd = self._open_file(name)
+        try:
+            size = os.fstat(fd).st_size
+            if offset is not None:
+                start = min(offset, size)
+                data = os.pread(fd, min(size - start, MAX_LOG_CHUNK), start)
+            else:
+                start, data = _tail(fd, size, tail)
+        finally:
+            os.close(fd)
+        data = data[: _complete_utf8(data)]  # a character cut at the end comes whole with the next read
+        return {"text": data.decode("utf-8", errors="replace"), "start": start, "end": start + len(data), "size": size}
+
+    def request(self, payload: dict, timeout: float) -> dict:
+        """Send one JSON line to the run's control socket and return its one-line JSON answer.
+
+        Raises ``RunFileError(409)`` when nothing listens there (the run's kernel is gone or done).
+        """
+        try:
+            st = os.stat(CONTROL_SOCKET, dir_fd=self.fd, follow_symlinks=False)
+        except OSError:
+            raise RunFileError(409, "the run has no control socket: its kernel is gone or the run has ended") from None
+        if not stat.S_ISSOCK(st.st_mode):
+            raise RunFileError(403, f"refused: {CONTROL_SOCKET} in {self.path} is not a socket")
+        path = os.path.join(self.path, CONTROL_SOCKET)
+        if len(path.encode()) > _SUN_PATH_MAX:
+            path = f"/proc/self/fd/{self.fd}/{CONTROL_SOCKET}"
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            try:
+                s.connect(path)
+                s.sendall(json.dumps(payload).encode() + b"\n")
+                answer = b""
+                while b"\n" not in answer and len(answer) < 65536:
+                    chunk = s.recv(4096)
+                    if not chunk:
+                        break
+                    answer += chunk
+            except (ConnectionRefusedError, FileNotFoundError):
+                raise RunFileError(409, "nothing listens on the run's control socket: its kernel is gone") from None
+            except TimeoutError:
+                raise RunFileError(
+                    409,
+                    f"the run's kernel did not answer within {timeout:g} s (a run still starting its ranks "
+                    "takes the request once they run)",
+                ) from None
+            except OSError as e:
+                raise RunFileError(409, f"the run's kernel did not answer ({e}); it may be ending") from None
+        try:
+            reply = json.loads(answer.split(b"\n", 1)[0])
+        except (ValueError, UnicodeDecodeError):
+            reply = None
+        if not isinstance(reply, dict):
+            raise RunFileError(409, "the run ended before it took the request")
+        return reply
+
+
+def _tail(fd: int, size: int, lines: int) -> tuple[int, bytes]:
+    """The last ``lines`` lines (a last line without its newline counts), read backwards by blocks."""
+    pos, data = size, b""
+    while pos > 0 and data.count(b"\n") <= lines and len(data) < MAX_LOG_CHUNK:
+        step = min(65536, pos)
+        pos -= step
+        data = os.pread(fd, step, pos) + data
+    if lines == 0:
+        return size, b""
+    cut = len(data) - 1 if data.endswith(b"\n") else len(data)
+    for _ in range(lines):
+        cut = data.rfind(b"\n", 0, cut)
+        if cut < 0:
+            break
+    data = data[cut + 1 :][-MAX_LOG_CHUNK:]
+    return size - len(data), data
+
+
+def _complete_utf8(data: bytes) -> int:
+    """How many leading bytes of ``data`` end on a UTF-8 character boundary (drops at most 3)."""
+    for back in range(1, min(4, len(data)) + 1):
+        b = data[-back]
+        if b < 0x80:
+            return len(data)  # ASCII: complete
+        if b >= 0xC0:  # a lead byte: complete if its sequence fits in what is there
+            need = 2 if b < 0xE0 else 3 if b < 0xF0 else 4
+            return len(data) if need <= back else len(data) - back
+    return len(data)

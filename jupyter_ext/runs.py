@@ -1,0 +1,231 @@
+"""What the Runs view's REST API does, as a plain class: list this user's launches, show one
+with its ranks, read a rank's log, and ask a run's kernel to stop it.
+
+Runs are the ``run-<time>-…`` folders that every launch creates (owner-only) in
+``$TMPDIR/nblaunch-<uid>/`` and in the ``log_dir`` of the ``nblaunch.yaml`` this server's
+root sees. Each holds the ``state.json`` its kernel keeps up to date (kernelside/launch/run_state.py),
+the rank logs and, while the run is live, its control socket. A run counts as live while its
+kernel holds the folder's lock; a state file that says "running" without that lock belongs
+to a kernel that died mid-run and is shown as ``lost``.
+
+Stop is a request to the kernel that owns the run (through the control socket); this class
+never signals a process. Ids and log names come from the client: anything but a run folder's
+own name (``..``, a path, a symlink) is refused.
+
+Example::
+
+    >>> runs = RunFolders("/srv/notebooks")
+    >>> [r["id"] for r in runs.list_runs()][:1]          # doctest: +SKIP
+    ['run-20250101-120000-ab12cd34']
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import time
+from pathlib import Path
+
+from kernelside import config
+from kernelside.errors import LaunchConfigError
+from kernelside.launch.run_dir import runs_base
+
+from .errors import PanelRequestError
+from .rank_resources import RankSampler
+from .run_files import STATE_FILE, RunDir, RunFileError
+
+RUN_ID = re.compile(r"run-\d{8}-\d{6}-[A-Za-z0-9_]{1,64}")
+LIVE_STATES = ("starting", "running")
+STATES = (*LIVE_STATES, "done", "failed", "timeout", "interrupted", "stopped")  # kernelside/launch/run_state.py
+STOP_TIMEOUT_S = 3.0
+MAX_TAIL_LINES = 10000
+
+
+class RunFolders:
+    """The launches of this user on this machine, read from their run folders on each request."""
+
+    def __init__(self, root_dir: str | os.PathLike):
+        self.root = Path(root_dir).expanduser().resolve()
+        self.sampler = RankSampler()
+
+    # -- where runs are -------------------------------------------------------------------
+
+    def bases(self) -> list[str]:
+        """The folders that hold run folders: the default one, and the config's ``log_dir`` if set."""
+        found = [runs_base(None)]
+        try:
+            log_dir = config.resolve_config(cwd=self.root).values.get("log_dir")
+        except (LaunchConfigError, OSError, ValueError):
+            log_dir = None  # a broken config file: the config form reports it; runs still list
+        if log_dir:
+            path = os.path.join(self.root, os.path.expanduser(log_dir))  # relative: as a kernel in the root sees it
+            if os.path.realpath(path) not in map(os.path.realpath, found):
+                found.append(path)
+        return [b for b in found if _own_folder(b)]
+
+    def _find(self, run_id) -> str:
+        if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
+            raise PanelRequestError(400, f"{run_id!r} is not a run id (run-YYYYmmdd-HHMMSS-xxxxxxxx)")
+        for base in self.bases():
+            path = os.path.join(base, run_id)
+            try:
+                st = os.lstat(path)
+            except OSError:
+                continue
+            if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
+                raise PanelRequestError(403, f"refused: {path} is not a plain run folder (a symbolic link?)")
+            return path
+        raise PanelRequestError(404, f"no run {run_id} in {', '.join(self.bases()) or 'any run folder'}")
+
+    # -- reading --------------------------------------------------------------------------
+
+    def list_runs(self) -> list[dict]:
+        """Every run, newest first, as the list shows it (no per-rank resources)."""
+        runs = []
+        for base in self.bases():
+            with os.scandir(base) as entries:
+                names = [e.name for e in entries if RUN_ID.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+            for name in names:
+                try:
+                    with RunDir.open(os.path.join(base, name)) as d:
+                        runs.append(self._summary(d, d.read_json(STATE_FILE), d.in_use()))
+                except RunFileError:
+                    continue  # removed meanwhile, or not ours
+        runs.sort(key=lambda r: (r["started"] or 0, r["id"]), reverse=True)
+        return runs
+
+    def run(self, run_id) -> dict:
+        """One run with its ranks; live ranks proven to be this run's carry cpu_percent, rss_bytes (and GPU use)."""
+        with self._open(run_id) as d:
+            state = d.read_json(STATE_FILE)
+            summary = self._summary(d, state, d.in_use())
+        ranks = [dict(r) for r in (state or {}).get("ranks") or [] if isinstance(r, dict)]
+        if summary["live"]:
+            proven = {}
+            for r in ranks:
+                figures = self.sampler.sample(r.get("pid"), r.get("pid_start"))
+                if figures is not None:
+                    r.update(figures)
+                    proven[r["pid"]] = r
+            for pid, usage in self.sampler.gpu(set(proven)).items():
+                proven[pid].update(usage)
+        self.sampler.forget_ended()
+        summary.update(ranks=ranks, log_dir=d.path, report=(state or {}).get("report"))
+        return summary
+
+    def log(self, run_id, rank, *, tail=None, offset=None) -> dict:
+        """Rank ``rank``'s log: its last ``tail`` lines (default 200), or the bytes from ``offset`` on."""
+        rank = _non_negative("rank", rank)
+        offset = None if offset is None else _non_negative("offset", offset)
+        tail = 200 if tail is None else min(_non_negative("tail", tail), MAX_TAIL_LINES)
+        with self._open(run_id) as d:
+            state = d.read_json(STATE_FILE) or {}
+            live = self._summary(d, state, d.in_use())["live"]
+            try:
+                got = d.read_log(f"rank{rank}.log", tail=tail, offset=offset)
+            except RunFileError as e:
+                raise PanelRequestError(e.status, f"rank {rank} of {run_id}: {e}") from None
+        return {"id": run_id, "rank": rank, "log": f"rank{rank}.log", "live": live, **got}
+
+    # -- Stop -----------------------------------------------------------------------------
+
+    def stop(self, run_id) -> dict:
+        """Ask the run's kernel to stop it. 409 with the reason if it has ended, has no owner, or takes no Stop."""
+        with self._open(run_id) as d:
+            state = d.read_json(STATE_FILE)
+            summary = self._summary(d, state, d.in_use())
+            if summary["state"] == "lost":
+                raise PanelRequestError(
+                    409, f"{run_id} has no owner any more: {summary['root_cause']}; nothing was signalled"
+                )
+            if not summary["live"]:
+                raise PanelRequestError(409, f"{run_id} has already ended ({summary['state']}): nothing to stop")
+            if not state.get("control"):
+                raise PanelRequestError(
+                    409,
+                    f"{run_id} runs on the {summary['engine']} engine, which takes no Stop from the panel: "
+                    "interrupt its kernel (■) instead",
+                )
+            try:
+                reply = d.request({"op": "stop"}, STOP_TIMEOUT_S)
+            except RunFileError as e:
+                raise PanelRequestError(e.status, f"cannot stop {run_id}: {e}") from None
+        if not reply.get("ok"):
+            raise PanelRequestError(409, f"{run_id}'s kernel refused Stop: {reply.get('message')}")
+        return {"id": run_id, "stopping": True, "message": str(reply.get("message", ""))}
+
+    def _open(self, run_id) -> RunDir:
+        path = self._find(run_id)
+        try:
+            return RunDir.open(path)
+        except RunFileError as e:
+            raise PanelRequestError(e.status, str(e)) from None
+
+    def _summary(self, d: RunDir, state: dict | None, in_use: bool) -> dict:
+        summary = _summary(d, state, in_use)
+        notebook = summary["notebook_path"]
+        if isinstance(notebook, str) and os.path.isabs(notebook):
+            try:  # Jupyter names the notebook by its full path: shown relative to this server's root
+                notebook = str(Path(notebook).relative_to(self.root))
+            except ValueError:
+                pass
+        summary["notebook"] = notebook
+        return summary
+
+
+def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
+    """The fields every listing shows; state files are read, never trusted for paths or pids."""
+    s = state or {}
+    status = s.get("state") if s.get("state") in STATES else "unknown"
+    root_cause = s.get("root_cause")
+    live = status in LIVE_STATES and in_use
+    if status in LIVE_STATES and not in_use:
+        status = "lost"
+        root_cause = f"the kernel that ran this launch (pid {s.get('kernel_pid')}) ended before the run did"
+    elapsed = s.get("elapsed_s")
+    if live and isinstance(elapsed, (int, float)) and isinstance(s.get("updated_monotonic"), (int, float)):
+        elapsed += max(0.0, time.monotonic() - s["updated_monotonic"])  # one machine: one monotonic clock
+    started = s.get("started")
+    if not isinstance(started, (int, float)):
+        started = _started_from_name(os.path.basename(d.path))
+    return {
+        "id": os.path.basename(d.path),
+        "state": status,
+        "live": live,
+        "started": started,
+        "elapsed_s": elapsed if isinstance(elapsed, (int, float)) else None,
+        "notebook": None,  # set by RunFolders._summary: notebook_path, relative to the root when inside it
+        "notebook_path": s.get("notebook") if isinstance(s.get("notebook"), str) else None,
+        "kernel_id": s.get("kernel_id"),
+        "kernel_pid": s.get("kernel_pid"),
+        "engine": s.get("engine"),
+        "world_size": s.get("world_size"),
+        "backend": s.get("backend"),
+        "start_method": s.get("start_method"),
+        "root_cause": root_cause,
+        "can_stop": live and bool(s.get("control")),
+    }
+
+
+def _started_from_name(name: str) -> float | None:
+    try:
+        return time.mktime(time.strptime(name[4:19], "%Y%m%d-%H%M%S"))
+    except ValueError:
+        return None
+
+
+def _own_folder(path: str) -> bool:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def _non_negative(name: str, value) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise PanelRequestError(400, f"{name} must be a whole number >= 0, got {value!r}")
+    return value

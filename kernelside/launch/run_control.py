@@ -1,0 +1,149 @@
+"""The run's control channel: an AF_UNIX socket ``control.sock`` in its owner-only run folder.
+
+The kernel that runs the launch listens on it, from its own event loop (the socket sits in
+the loop's selector beside the ranks' pipes): the launch panel's server extension connects,
+sends one JSON line ``{"op": "stop"}`` and reads one JSON line back. Stop is therefore
+carried out by the process that owns the ranks, through its usual failure path; nothing
+else ever signals a rank on the panel's behalf.
+
+Only this user can reach the socket (the run folder is 0700) and a peer of another uid is
+refused anyway (``SO_PEERCRED``). Requests are tiny and never block the loop: every socket
+is non-blocking, a request over ``MAX_REQUEST_BYTES`` or a peer that sends nothing is dropped.
+
+Example::
+
+    >>> control = RunControl.listen(run_dir)                       # doctest: +SKIP
+    >>> control.register(selector, on_stop=lambda: True)           # doctest: +SKIP
+    >>> # in the loop: key.data == (control, "control") -> control.on_ready(key.fd)
+    >>> control.close()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import socket
+import struct
+
+CONTROL_SOCKET = "control.sock"
+STOPPED_MESSAGE = "the run was stopped from the launch panel (Stop): every rank was stopped and nothing is left running"
+MAX_REQUEST_BYTES = 4096
+MAX_PENDING = 8  # connections that have not sent their request yet; beyond this the oldest is dropped
+_SUN_PATH_MAX = 107
+
+
+def socket_address(run_dir: str, dir_fd: int | None = None) -> str:
+    """The address to bind or connect: the path, or a /proc/self/fd alias when the path is too long."""
+    path = os.path.join(run_dir, CONTROL_SOCKET)
+    if len(path.encode()) <= _SUN_PATH_MAX or dir_fd is None:
+        return path
+    return f"/proc/self/fd/{dir_fd}/{CONTROL_SOCKET}"
+
+
+class RunControl:
+    """Listens on ``<run_dir>/control.sock`` and answers ``stop`` (and ``ping``) requests."""
+
+    def __init__(self, run_dir: str, listener: socket.socket):
+        self.run_dir = run_dir
+        self.path = os.path.join(run_dir, CONTROL_SOCKET)
+        self.listener = listener
+        self.sel: selectors.BaseSelector | None = None
+        self.on_stop = None
+        self.pending: dict[int, tuple[socket.socket, bytearray]] = {}
+
+    @classmethod
+    def listen(cls, run_dir: str) -> RunControl:
+        """Create and bind the socket in ``run_dir`` (which must exist and be this user's)."""
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            listener.bind(socket_address(run_dir, dir_fd))
+            listener.listen(MAX_PENDING)
+            listener.setblocking(False)
+        except BaseException:
+            listener.close()
+            raise
+        finally:
+            os.close(dir_fd)
+        return cls(run_dir, listener)
+
+    def register(self, sel: selectors.BaseSelector, on_stop) -> None:
+        """Serve requests from ``sel``'s loop; ``on_stop()`` returns True if it began stopping the run."""
+        self.sel, self.on_stop = sel, on_stop
+        sel.register(self.listener, selectors.EVENT_READ, (self, "control"))
+
+    def on_ready(self, fd: int) -> None:
+        """Called by the loop when one of this channel's sockets is readable."""
+        if fd == self.listener.fileno():
+            self._accept()
+        else:
+            self._receive(fd)
+
+    def _accept(self) -> None:
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+        _pid, uid, _gid = struct.unpack("3i", creds)
+        if uid != os.getuid():
+            conn.close()
+            return
+        conn.setblocking(False)
+        if len(self.pending) >= MAX_PENDING:
+            self._drop(next(iter(self.pending)))
+        self.pending[conn.fileno()] = (conn, bytearray())
+        self.sel.register(conn, selectors.EVENT_READ, (self, "control"))
+
+    def _receive(self, fd: int) -> None:
+        conn, buf = self.pending[fd]
+        try:
+            data = conn.recv(MAX_REQUEST_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            data = b""
+        buf += data
+        if b"\n" not in buf and data and len(buf) <= MAX_REQUEST_BYTES:
+            return  # the rest of the line is still coming
+        reply = self._answer(bytes(buf).split(b"\n", 1)[0]) if buf else None
+        if reply is not None:
+            try:
+                conn.send(json.dumps(reply).encode() + b"\n")  # a few bytes: fits the socket buffer at once
+            except OSError:
+                pass
+        self._drop(fd)
+
+    def _answer(self, line: bytes) -> dict:
+        try:
+            request = json.loads(line)
+            op = request.get("op") if isinstance(request, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            return {"ok": False, "message": "the request is not a JSON object"}
+        if op == "ping":
+            return {"ok": True, "message": "the run is live"}
+        if op == "stop":
+            if self.on_stop():
+                return {"ok": True, "message": "stopping: every rank gets SIGTERM now, SIGKILL after a short grace"}
+            return {"ok": True, "message": "the run is already stopping"}
+        return {"ok": False, "message": f"unknown op {op!r}: allowed are 'stop' and 'ping'"}
+
+    def _drop(self, fd: int) -> None:
+        conn, _ = self.pending.pop(fd)
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        conn.close()
+
+    def close(self) -> None:
+        """Stop listening and remove the socket file: a later connect finds no owner."""
+        for fd in list(self.pending):
+            conn, _ = self.pending.pop(fd)
+            conn.close()
+        self.listener.close()  # the loop's selector is closed by then (or never had it)
+        try:
+            os.unlink(self.path)
+        except OSError:
+            pass

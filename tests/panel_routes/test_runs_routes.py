@@ -1,0 +1,333 @@
+"""The Runs view's REST API through a real Jupyter server (pytest-jupyter's jp_fetch), over real
+launches owned by another process (``run_owner.py``) and over forged run folders."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from jupyter_ext.rank_resources import is_that_process, proc_start_time
+
+OWNER = Path(__file__).with_name("run_owner.py")
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def fetch(jp_fetch, *path, method="GET", params=None, body=None):
+    """Status and JSON of a request; error answers are returned, not raised."""
+    kwargs = {"method": method, "params": params}
+    if method == "POST":
+        kwargs["body"] = json.dumps(body or {})
+    try:
+        response = await jp_fetch("nblaunch", "runs", *path, **kwargs)
+    except HTTPClientError as e:
+        response = e.response
+    return response.code, json.loads(response.body)
+
+
+@pytest.fixture
+def run_base(tmp_path, monkeypatch) -> Path:
+    """The server's default run folder base, under this test's own temp dir."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    base = tmp / f"nblaunch-{os.getuid()}"
+    base.mkdir()
+    return base
+
+
+class Owner:
+    """A process that runs one real 2-rank launch, and the run folder it made."""
+
+    def __init__(self, process: subprocess.Popen, base: Path):
+        self.process, self.base = process, base
+        self.run_id: str | None = None
+
+    def output(self) -> str:
+        out, _ = self.process.communicate(timeout=30)
+        return out
+
+
+async def wait_for(condition, timeout=60.0, what="condition"):
+    """Wait (without blocking the server under test) until ``condition()`` is truthy."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def state_of(base: Path) -> dict | None:
+    for d in sorted(base.glob("run-*")):
+        try:
+            return json.loads((d / "state.json").read_text())
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def wait_blocking(condition, timeout=60.0, what="condition"):
+    """``wait_for`` for fixtures, where no server request is in flight."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def owner(run_base, jp_root_dir):
+    """A live 2-rank run (600 lines per rank, 0.1 s apart) owned by another process, as a kernel of
+    this server's (Jupyter names the notebook by its full path) would own it."""
+    notebook = jp_root_dir / "work" / "demo.ipynb"
+    env = dict(os.environ, TMPDIR=str(run_base.parent), JPY_SESSION_NAME=str(notebook))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("NBLAUNCH_CONFIG", None)
+    process = subprocess.Popen(
+        [sys.executable, str(OWNER), "600", "0.1"],
+        cwd=run_base.parent,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    o = Owner(process, run_base)
+    try:
+        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
+        o.run_id = state["id"]
+        yield o
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)  # the session this test started, by its id
+        process.communicate(timeout=30)
+
+
+def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = False):
+    """A run folder made by hand; with ``hold_lock`` the test holds its lock, as a live kernel would."""
+    d = base / name
+    d.mkdir(mode=0o700)
+    if state is not None:
+        (d / "state.json").write_text(json.dumps({"id": name, **state}))
+    (d / "rank0.log").write_text("".join(f"forged line {i}\n" for i in range(5)))
+    fd = os.open(d / ".in-use", os.O_CREAT | os.O_RDWR, 0o644)
+    if hold_lock:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return d, fd
+    os.close(fd)
+    return d, None
+
+
+async def test_runs_lists_a_live_run_first_with_notebook_engine_state_and_elapsed(
+    jp_fetch, jp_root_dir, run_base, owner
+):
+    forge_run(run_base, "run-20200101-000000-history", {"state": "done", "started": 1.0e9, "engine": "local"})
+    code, runs = await fetch(jp_fetch)
+    assert code == 200
+    assert [r["id"] for r in runs] == [owner.run_id, "run-20200101-000000-history"]  # newest first
+    live = runs[0]
+    assert live["state"] == "running" and live["live"] is True and live["can_stop"] is True
+    assert live["notebook"] == "work/demo.ipynb" and live["notebook_path"] == str(jp_root_dir / "work/demo.ipynb")
+    assert live["engine"] == "local" and live["world_size"] == 2
+    assert live["elapsed_s"] > 0 and live["root_cause"] is None
+    assert runs[1]["state"] == "done" and runs[1]["live"] is False
+
+
+async def test_run_detail_shows_both_ranks_with_pid_state_cpu_and_memory(jp_fetch, run_base, owner):
+    code, first = await fetch(jp_fetch, owner.run_id)
+    assert code == 200 and first["log_dir"] == str(run_base / owner.run_id)
+    assert [r["rank"] for r in first["ranks"]] == [0, 1]
+    assert all(r["state"] == "running" and r["rss_bytes"] > 10 * 2**20 for r in first["ranks"])  # torch is loaded
+    await asyncio.sleep(0.3)  # CPU use is a rate: it needs two samples some time apart
+    _, second = await fetch(jp_fetch, owner.run_id)
+    assert all(isinstance(r["cpu_percent"], float) for r in second["ranks"])
+    assert not any(k.startswith("gpu_") for r in second["ranks"] for k in r)  # no NVML here: no GPU fields
+
+
+async def test_log_tail_returns_the_last_lines_and_offset_follows_the_run(jp_fetch, run_base, owner):
+    await wait_for(lambda: (run_base / owner.run_id / "rank1.log").read_text().count("\n") >= 5, what="5 lines")
+    code, tail = await fetch(jp_fetch, owner.run_id, "ranks", "1", "log", params={"tail": "3"})
+    assert code == 200 and tail["live"] is True and tail["log"] == "rank1.log"
+    lines = tail["text"].splitlines()
+    assert len(lines) == 3 and all(line.startswith("rank 1 line ") for line in lines)
+    assert tail["end"] == tail["size"]
+    await wait_for(lambda: (run_base / owner.run_id / "rank1.log").stat().st_size > tail["end"], what="more output")
+    code, more = await fetch(jp_fetch, owner.run_id, "ranks", "1", "log", params={"offset": str(tail["end"])})
+    assert code == 200 and more["start"] == tail["end"] and more["text"].startswith("rank 1 line ")
+    last = int(lines[-1].split()[-1])
+    assert more["text"].splitlines()[0] == f"rank 1 line {last + 1}"
+
+
+async def test_stop_ends_a_live_run_within_2s_and_its_owner_raises_the_panel_error(jp_fetch, run_base, owner):
+    _, before = await fetch(jp_fetch, owner.run_id)
+    pids = [(r["pid"], r["pid_start"]) for r in before["ranks"]]
+    t0 = time.monotonic()
+    code, answer = await fetch(jp_fetch, owner.run_id, "stop", method="POST")
+    assert code == 200 and answer["stopping"] is True
+    await wait_for(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
+    assert time.monotonic() - t0 < 2.0
+    await wait_for(lambda: owner.process.poll() is not None, timeout=10, what="the owner to return")
+    assert owner.process.returncode == 3
+    assert "STOPPED: LaunchStoppedError: nblaunch: the run was stopped from the launch panel" in owner.output()
+    assert not any(is_that_process(pid, start) for pid, start in pids), "a rank outlived Stop"
+    code, runs = await fetch(jp_fetch)
+    assert runs[0]["state"] == "stopped" and runs[0]["can_stop"] is False
+
+
+async def test_stop_on_a_run_that_has_ended_is_refused_with_the_reason(jp_fetch, run_base):
+    forge_run(run_base, "run-20200101-000000-finished", {"state": "failed", "control": True})
+    code, answer = await fetch(jp_fetch, "run-20200101-000000-finished", "stop", method="POST")
+    assert code == 409 and "has already ended (failed): nothing to stop" in answer["message"]
+
+
+@pytest.fixture
+def stranger():
+    """A process of this test's that a forged state file names as a rank and as the kernel."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    yield process
+    process.kill()
+    process.wait(10)
+
+
+async def test_stop_never_signals_the_process_a_forged_state_file_names(jp_fetch, run_base, stranger):
+    pid = stranger.pid
+    forged = {
+        "state": "running",
+        "control": True,
+        "engine": "local",
+        "kernel_pid": pid,
+        "ranks": [{"rank": 0, "pid": pid, "pid_start": proc_start_time(pid), "state": "running", "log": "rank0.log"}],
+    }
+    d, lock = forge_run(run_base, "run-20200101-000000-forged", forged, hold_lock=True)
+    try:
+        code, answer = await fetch(jp_fetch, d.name, "stop", method="POST")
+        assert code == 409 and "no control socket" in answer["message"]
+        (d / "control.sock").write_text("not a socket")
+        code, answer = await fetch(jp_fetch, d.name, "stop", method="POST")
+        assert code == 403 and "is not a socket" in answer["message"]
+    finally:
+        os.close(lock)
+    assert stranger.poll() is None, "the process a forged state file named was signalled"
+    code, answer = await fetch(jp_fetch, d.name, "stop", method="POST")  # lock released: no owner at all
+    assert code == 409 and "has no owner any more" in answer["message"] and "nothing was signalled" in answer["message"]
+    assert stranger.poll() is None
+
+
+async def test_a_pid_whose_start_time_differs_from_the_recorded_one_gets_no_figures(jp_fetch, run_base, stranger):
+    pid = stranger.pid
+    rank = {"rank": 0, "pid": pid, "pid_start": proc_start_time(pid) + 1, "state": "running", "log": "rank0.log"}
+    d, lock = forge_run(run_base, "run-20200101-000000-reused", {"state": "running", "ranks": [rank]}, hold_lock=True)
+    try:
+        code, run = await fetch(jp_fetch, d.name)
+    finally:
+        os.close(lock)
+    assert code == 200 and run["live"] is True
+    assert "rss_bytes" not in run["ranks"][0] and "cpu_percent" not in run["ranks"][0]
+
+
+async def test_a_running_state_without_its_kernel_shows_as_lost(jp_fetch, run_base):
+    forge_run(run_base, "run-20200101-000000-orphan", {"state": "running", "kernel_pid": 4242, "control": True})
+    code, runs = await fetch(jp_fetch)
+    assert code == 200 and runs[0]["state"] == "lost" and runs[0]["live"] is False
+    assert "pid 4242" in runs[0]["root_cause"]
+
+
+async def test_runs_in_the_log_dir_of_the_servers_nblaunch_yaml_are_listed(jp_fetch, jp_root_dir, run_base):
+    (jp_root_dir / "nblaunch.yaml").write_text("log_dir: team-logs\n")
+    (jp_root_dir / "team-logs").mkdir()
+    forge_run(jp_root_dir / "team-logs", "run-20200101-000000-fromyaml", {"state": "done"})
+    code, runs = await fetch(jp_fetch)
+    assert code == 200 and [r["id"] for r in runs] == ["run-20200101-000000-fromyaml"]
+
+
+@pytest.mark.parametrize(
+    "path, status, fragment",
+    [
+        (("..",), 400, "is not a run id"),
+        (("run-20200101-000000-x..y",), 400, "is not a run id"),
+        (("run-20200101-000000-nothere",), 404, "no run run-20200101-000000-nothere"),
+        (("run-20200101-000000-link",), 403, "not a plain run folder"),
+        (("run-20200101-000000-real", "ranks", "..", "log"), 400, "rank must be a whole number"),
+        (("run-20200101-000000-real", "ranks", "-1", "log"), 400, "rank must be a whole number"),
+        (("run-20200101-000000-real", "ranks", "3", "log"), 404, "rank3.log does not exist"),
+        (("run-20200101-000000-real", "ranks", "1", "log"), 403, "is a symbolic link"),
+        (("run-20200101-000000-link", "ranks", "0", "log"), 403, "not a plain run folder"),
+    ],
+)
+async def test_ids_and_log_names_that_leave_the_run_folders_are_refused(jp_fetch, run_base, path, status, fragment):
+    outside = run_base.parent / "outside"
+    outside.mkdir()
+    (outside / "state.json").write_text('{"state": "done"}')
+    (outside / "rank0.log").write_text("secret\n")
+    (run_base / "run-20200101-000000-link").symlink_to(outside)
+    real, _ = forge_run(run_base, "run-20200101-000000-real", {"state": "done"})
+    (real / "rank1.log").symlink_to(outside / "rank0.log")
+    code, answer = await fetch(jp_fetch, *path)
+    assert code == status and fragment in answer["message"]
+    assert "secret" not in json.dumps(answer)
+    if path == ("..",):  # the listing skips the symlinked folder too
+        _, runs = await fetch(jp_fetch)
+        assert [r["id"] for r in runs] == ["run-20200101-000000-real"]
+
+
+async def test_a_decoded_absolute_path_as_run_id_is_refused(http_server_client, jp_base_url, jp_auth_header, run_base):
+    response = await http_server_client.fetch(
+        f"{jp_base_url}nblaunch/runs/%2Fetc%2Fpasswd", headers=jp_auth_header, raise_error=False
+    )
+    assert response.code == 400 and "'/etc/passwd' is not a run id" in json.loads(response.body)["message"]
+
+
+@pytest.mark.parametrize("params", [{"tail": "many"}, {"offset": "-5"}, {"tail": "1.5"}])
+async def test_malformed_log_queries_answer_400_with_a_message(jp_fetch, run_base, params):
+    forge_run(run_base, "run-20200101-000000-real", {"state": "done"})
+    code, answer = await fetch(jp_fetch, "run-20200101-000000-real", "ranks", "0", "log", params=params)
+    assert code == 400 and "must be a whole number >= 0" in answer["message"]
+
+
+async def test_the_server_holds_no_file_of_a_run_after_answering(jp_fetch, run_base):
+    d, _ = forge_run(run_base, "run-20200101-000000-real", {"state": "done", "ranks": [{"rank": 0, "pid": 1}]})
+    for path in [(), (d.name,), (d.name, "ranks", "0", "log")]:
+        code, _ = await fetch(jp_fetch, *path)
+        assert code == 200
+    opened = [os.readlink(f"/proc/self/fd/{fd}") for fd in os.listdir("/proc/self/fd") if _exists(fd)]
+    assert not [p for p in opened if p.startswith(str(run_base))]
+
+
+def _exists(fd: str) -> bool:
+    try:
+        os.readlink(f"/proc/self/fd/{fd}")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "runs"),
+        ("GET", "runs/run-20200101-000000-real"),
+        ("GET", "runs/run-20200101-000000-real/ranks/0/log"),
+        ("POST", "runs/run-20200101-000000-real/stop"),
+    ],
+)
+async def test_every_runs_route_requires_authentication(http_server_client, jp_base_url, run_base, method, path):
+    forge_run(run_base, "run-20200101-000000-real", {"state": "done"})
+    body = None if method == "GET" else "{}"
+    response = await http_server_client.fetch(
+        f"{jp_base_url}nblaunch/{path}", method=method, body=body, raise_error=False
+    )
+    assert response.code == 403 and b"forged line" not in response.body
