@@ -89,8 +89,8 @@ class LiveRunEngine:
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so."""
         reason = self._broken(recorder)
-        if reason is None:
-            return
+        if reason is None or self.session.runs.stop_asked.is_set():
+            return  # (Stop from the launch panel: the session closes the world next, no restart)
         self.restart_reason = reason
         self.session.restart_world()
         message = f"nblaunch: {reason}; {RESTARTED}."

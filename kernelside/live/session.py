@@ -40,6 +40,7 @@ from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from .cell_engine import LiveRunEngine
 from .names import NameSender, dumps, names_assigned, needed_names
+from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 
 _current: list[LiveSession | None] = [None]
 
@@ -47,6 +48,17 @@ _current: list[LiveSession | None] = [None]
 def current() -> LiveSession | None:
     """This kernel's live session, or None."""
     return _current[0]
+
+
+def _holding_life(method):
+    """Run a request holding the session's life lock: the panel's Stop never closes the world under it."""
+
+    def wrapper(self, *args, **kwargs):
+        with self.life:
+            return method(self, *args, **kwargs)
+
+    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = method.__name__, method.__doc__, method
+    return wrapper
 
 
 def kernel_namespace() -> dict:
@@ -83,11 +95,15 @@ class LiveSession:
         self.started_at = time.monotonic()
         self.restarts, self.busy, self.broken = 0, False, None
         self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
+        self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
+        self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
+        if _current[0] is not None and _current[0].world is None:
+            _current[0] = None  # stopped from the launch panel between cells
         if _current[0] is not None:
             raise LaunchError(
                 "nblaunch: a live session is already running in this kernel "
@@ -97,29 +113,39 @@ class LiveSession:
         try:
             for notice in session.plan.notices:
                 session.out.write(notice + "\n")
-            session._start_world()
-            session._await_ready()
-        except BaseException:
-            session._close()
+            with session.life:
+                session._start_world()
+                session._await_ready()
+        except BaseException as e:
+            session._close("failed", e)
             raise
         _current[0] = session
         return session
 
+    @_holding_life
     def restart(self) -> None:
         """New processes with the same flags; every rank's state is gone."""
         self.restart_world()
         self._await_ready()
 
+    @_holding_life
     def stop(self) -> None:
         """Stop every rank; nothing is left (processes, port, fds). Safe to call twice."""
-        self._close()
+        self._close("done")
         if _current[0] is self:
             _current[0] = None
 
-    def _close(self) -> None:
+    def stop_from_panel(self) -> None:
+        """The launch panel's Stop (``run_entry``), holding the life lock: every rank ends, the entry says "stopped"."""
+        self._close("stopped")
+
+    def _close(self, state: str, error: BaseException | None = None) -> None:
+        if self.runs.stop_asked.is_set():
+            state = "stopped"
         if self.world is not None:
             self.world.close(1.0, None)
-            self.world = None
+        self.runs.close(state, error)  # the ranks (now dead) are still listed in the final state
+        self.world = None
         self.logs.close()
 
     def _start_world(self) -> None:
@@ -146,6 +172,7 @@ class LiveSession:
             self.world.close(0.2, None)
         self.restarts += 1
         self._start_world()
+        self.runs.restarted()
 
     def _ready_engine(self) -> LiveRunEngine:
         return LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
@@ -155,6 +182,7 @@ class LiveSession:
         self.ready = True
 
     # -- requests --------------------------------------------------------------------------
+    @_holding_life
     def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
@@ -163,6 +191,7 @@ class LiveSession:
         assigned = names_assigned(program.source, program.filename)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
+    @_holding_life
     def run_function(self, fn, args=(), kwargs=None, *, return_from=(0,), ranks=None, timeout=None):
         """Call ``fn(*args, **kwargs)`` on the ranks (its globals: each rank's namespace); the LaunchOutcome."""
         if not callable(fn):
@@ -177,6 +206,7 @@ class LiveSession:
         values = self.names.collect(used, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
+    @_holding_life
     def push(self, names, source: dict | None = None) -> list[str]:
         """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
@@ -195,6 +225,11 @@ class LiveSession:
         return sorted(values)
 
     def _ensure_world(self) -> None:
+        if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
+            self._close("stopped")
+            if _current[0] is self:
+                _current[0] = None
+            raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
         if self.world is None:
             raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
         if self.broken:
@@ -246,16 +281,26 @@ class LiveSession:
             if not self.ready and engine.req_id != 0:  # a restarted world: its ranks first come up
                 self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
                 self.ready = True
-            return self._execute(engine, req, plan)
+            outcome = self._execute(engine, req, plan)
         finally:
             self.lock.release()
+            if self.runs.stop_asked.is_set():  # Stop from the panel during this request: the session ends too
+                self._close("stopped")
+                if _current[0] is self:
+                    _current[0] = None
+        if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
+            self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
+        return outcome
 
     def _execute(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
         self.busy = True
+        self.runs.begin(engine)
         try:
-            outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err)
+            outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err, self.runs)
         finally:
             self.busy = False
+            is_cell = engine.req_id != 0 and req.fn is not None
+            self.runs.end(engine, getattr(engine.recorder, "report", None), is_cell)
         if engine.req_id:
             for r in engine.ranks:
                 self.cells_run[r] += 1
