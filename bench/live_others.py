@@ -64,6 +64,7 @@ TOOLS = [
         ["%load_ext kernelside\n%distributed_start -n 2"],
         "%%distributed\n",
         "%distributed_stop",
+        "%%distributed --output all\n",  # rank 0's output is the cell's by default
     ),
     Tool(
         "jupyter-distributed 0.1.1",
@@ -113,7 +114,11 @@ def _text(cell) -> str:
 def _shown(cell) -> str:
     """What a reader sees first: the error's name and the lines that name ranks or errors, shortened."""
     text = _text(cell)
-    keep = [ln.strip() for ln in text.splitlines() if re.search(r"rank|error|interrupt|restart|engine", ln, re.I)]
+    keep = [
+        ln.strip()
+        for ln in text.splitlines()
+        if re.search(r"rank|error|interrupt|restart|engine", ln, re.I) and not ln.startswith("logs of every rank")
+    ]
     summary = " / ".join(dict.fromkeys(keep))[:300] or text.strip()[:300] or "no output"
     return summary.replace("|", "\\|")
 
