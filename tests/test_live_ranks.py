@@ -351,7 +351,7 @@ def test_a_restart_whose_new_ranks_cannot_start_says_so_then_and_stops_the_sessi
         cell = k.run("%distributed_restart", timeout=60)
         text = _error_text(cell)
         assert cell.error is not None and cell.error["ename"] == "LaunchError"
-        assert "the live session was restarted, but its new ranks did not come up (rank 0 failed during init" in text
+        assert "the live session was restarted, but its new ranks did not come up (rank " in text
         assert "trying to initialize the default process group twice" in text
         assert "The live session is stopped and nothing is left running" in text
         _nothing_left(first)
@@ -368,10 +368,12 @@ def test_a_restart_whose_new_ranks_cannot_start_says_so_then_and_stops_the_sessi
         order = [
             "rank 1 failed: exit code 3",
             "the live session was restarted: its state is gone",
-            "the new ranks of that restart did not come up (rank 0 failed during init_process_group",
+            "the new ranks of that restart did not come up (rank ",
+            "failed during init_process_group: ValueError: trying to initialize the default process group twice",
             "The live session is stopped and nothing is left running",
         ]
-        assert all(part in text for part in order) and sorted(order, key=text.index) == order
+        assert all(part in text for part in order), text
+        assert sorted(order, key=text.index) == order, text
         _nothing_left(second)
         assert psutil.Process(k.pid).children(recursive=True) == []
         k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()  # the cause gone: a session starts
