@@ -35,7 +35,7 @@ from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..engines.local import LocalEngine
 from ..errors import LaunchConfigError, LaunchError
-from ..launch.engine import plan_for, run_engine
+from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from .cell_engine import LiveRunEngine
@@ -124,9 +124,17 @@ class LiveSession:
 
     @_holding_life
     def restart(self) -> None:
-        """New processes with the same flags; every rank's state is gone."""
-        self.restart_world()
-        self._await_ready()
+        """New processes with the same flags; every rank's state is gone. Returns once every new rank is ready;
+        if they do not come up, the session is stopped and a LaunchError says why."""
+        if self.world is None:
+            raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
+        if not self.lock.acquire(blocking=False):
+            raise LaunchError("nblaunch: the live session is running a cell (from another thread); restart it after.")
+        try:
+            self.restart_world()
+            self._bring_up("the live session was restarted, but its new ranks")
+        finally:
+            self.lock.release()
 
     @_holding_life
     def stop(self) -> None:
@@ -180,6 +188,28 @@ class LiveSession:
     def _await_ready(self) -> None:
         self._run(self._ready_engine(), LaunchRequest(fn=None), self.plan)
         self.ready = True
+
+    def _bring_up(self, what: str, cause: BaseException | None = None) -> None:
+        """Wait for a restarted world's ranks to be ready (the lock is held). If they fail, the session is stopped
+        (a world that cannot start would fail every later cell the same way) and the error says so: a LaunchError,
+        or ``cause`` (the cell's own error, whose root cause comes first) with that said at its end."""
+        try:
+            with keeping_last_report():  # %distributed_last stays the cell's report, not the start's
+                self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
+            self.ready = True
+        except BaseException as e:
+            self.stop()
+            message = (
+                f"nblaunch: {what} did not come up ({_summary(e)}). "
+                "The live session is stopped and nothing is left running; fix the cause, then %distributed_start."
+            )
+            if cause is not None and cause.args and isinstance(cause.args[0], str):
+                cause.args = (f"{cause.args[0]}\n{message}", *cause.args[1:])
+                raise cause from None
+            if isinstance(e, KeyboardInterrupt):
+                self.err.write(message + "\n")
+                raise
+            raise LaunchError(message) from e
 
     # -- requests --------------------------------------------------------------------------
     @_holding_life
@@ -278,10 +308,17 @@ class LiveSession:
         if not self.lock.acquire(blocking=False):
             raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
         try:
-            if not self.ready and engine.req_id != 0:  # a restarted world: its ranks first come up
-                self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
-                self.ready = True
-            outcome = self._execute(engine, req, plan)
+            if not self.ready and engine.req_id != 0:  # a world restarted outside a run: its ranks first come up
+                self._bring_up("the live session was restarted, but its new ranks")
+            try:
+                outcome = self._execute(engine, req, plan)
+            except BaseException as e:
+                if engine.restart_reason is not None:  # restarted by this run: up (or said not to be) before it ends
+                    self._bring_up("the new ranks of that restart", cause=e)
+                raise
+            if engine.restart_reason is not None:
+                self._bring_up("the new ranks of that restart")
+            return outcome
         finally:
             self.lock.release()
             if self.runs.stop_asked.is_set():  # Stop from the panel during this request: the session ends too
@@ -340,6 +377,15 @@ class LiveSession:
                 }
             )
         return rows
+
+
+def _summary(e: BaseException) -> str:
+    """The first line of an error; nblaunch's own without its type and prefix (they say it all)."""
+    lines = str(e).strip().splitlines()
+    first = lines[0] if lines else ""
+    if first.startswith("nblaunch: "):
+        return first[len("nblaunch: ") :]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def _rss(pid: int) -> int | None:
