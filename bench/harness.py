@@ -217,12 +217,12 @@ def wait_until_quiet(threshold: float = 0.25, max_wait: float = 60.0, sample: fl
 # -- a real Jupyter kernel -------------------------------------------------------------------------
 
 
-def start_kernel():
-    """A real ipykernel (tests/kernel.py's ``Kernel``), as a notebook would run the code."""
+def start_kernel(**kwargs):
+    """A real ipykernel (tests/kernel.py's ``Kernel``, ``kwargs`` passed on), as a notebook would run the code."""
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from kernel import Kernel
 
-    return Kernel()
+    return Kernel(**kwargs)
 
 
 def run_cell(k, code: str, timeout: float) -> list[tuple[str, dict]]:

@@ -36,7 +36,7 @@ from .rank_resources import RankSampler
 from .run_files import STATE_FILE, RunDir, RunFileError
 
 RUN_ID = re.compile(r"run-\d{8}-\d{6}-[A-Za-z0-9_]{1,64}")
-LIVE_STATES = ("starting", "running")
+LIVE_STATES = ("starting", "running", "idle")  # idle: a live session between cells (kernelside/live/run_entry.py)
 STATES = (*LIVE_STATES, "done", "failed", "timeout", "interrupted", "stopped")  # kernelside/launch/run_state.py
 STOP_TIMEOUT_S = 3.0
 MAX_TAIL_LINES = 10000
@@ -205,6 +205,9 @@ def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
         "start_method": s.get("start_method"),
         "root_cause": root_cause,
         "can_stop": live and bool(s.get("control")),
+        "session": s.get("session") is True,  # a live session: one entry for its whole life
+        "cells_run": s.get("cells_run") if isinstance(s.get("cells_run"), int) else None,
+        "restarts": s.get("restarts") if isinstance(s.get("restarts"), int) else None,
     }
 
 

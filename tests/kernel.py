@@ -16,14 +16,21 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 class Kernel:
     """One ipykernel started with this interpreter; ``run(code)`` returns what the cell showed."""
 
-    def __init__(self, cwd: str | None = None, pythonpath: str = REPO):
+    def __init__(self, cwd: str | None = None, pythonpath: str = REPO, *, argv=None, interrupt_mode=None, env=None):
+        """``argv`` / ``interrupt_mode`` / ``env``: another kernel command, as a kernel spec or server would set it
+        (bench/live_others.py starts jupyter-distributed's proxy kernel this way)."""
         self.km = KernelManager()
         self.km.kernel_spec_manager  # noqa: B018 - loads specs
         self.km.kernel_name = "python3"
+        if argv is not None:
+            self.km.kernel_spec.argv = list(argv)
+        if interrupt_mode is not None:
+            self.km.kernel_spec.interrupt_mode = interrupt_mode
         # the kernel imports kernelside from ``pythonpath`` (its working directory is on sys.path too);
         # a PYTHONPATH already set (the GPU kit's wheels, say) stays after it
         path = os.pathsep.join(p for p in (pythonpath, os.environ.get("PYTHONPATH")) if p)
-        self.km.start_kernel(cwd=cwd or pythonpath, extra_arguments=[], env={**os.environ, "PYTHONPATH": path})
+        env = {**os.environ, **(env or {}), "PYTHONPATH": path}
+        self.km.start_kernel(cwd=cwd or pythonpath, extra_arguments=[], env=env)
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=60)
@@ -33,11 +40,16 @@ class Kernel:
         return self.km.provisioner.process.pid
 
     def run(self, code: str, timeout: float = 120, *, on_output=None, on_input=None) -> Cell:
-        """Run a cell. ``on_input(prompt, password) -> str`` answers its input requests, as a frontend
-        does (the request then allows stdin, as JupyterLab's do); without it stdin is not allowed,
-        as with nbclient."""
-        msg_id = self.kc.execute(code, allow_stdin=on_input is not None)
+        """Execute ``code`` and wait for it; past ``timeout`` a TimeoutError whose ``cell`` has what it showed
+        so far (``wait(cell)`` waits on). ``on_input(prompt, password) -> str`` answers its input requests,
+        as a frontend does (the request then allows stdin, as JupyterLab's do); without it stdin is not
+        allowed, as with nbclient."""
         cell = Cell()
+        cell.msg_id = self.kc.execute(code, allow_stdin=on_input is not None)
+        return self.wait(cell, timeout, on_output=on_output, on_input=on_input)
+
+    def wait(self, cell: Cell, timeout: float = 120, *, on_output=None, on_input=None) -> Cell:
+        msg_id = cell.msg_id
         deadline = time.monotonic() + timeout
         while True:
             if on_input is not None:
@@ -48,7 +60,9 @@ class Kernel:
             except queue.Empty:
                 if time.monotonic() < deadline and on_input is not None:
                     continue
-                raise TimeoutError(f"cell did not finish in {timeout}s; outputs so far: {cell.outputs}") from None
+                err = TimeoutError(f"cell did not finish in {timeout}s; outputs so far: {cell.outputs}")
+                err.cell = cell
+                raise err from None
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
@@ -97,6 +111,7 @@ class Cell:
         self.messages: list[tuple[str, dict]] = []  # every iopub message of the cell (comms included)
         self.input_requests: list[dict] = []  # stdin input_request contents, in order
         self.reply: dict = {}
+        self.msg_id: str | None = None
 
     @property
     def stdout(self) -> str:

@@ -153,6 +153,25 @@ def test_sigkill_of_a_rank_is_named_and_the_session_restarts(kernel):
     assert not any(psutil.pid_exists(p) for p in pids)
 
 
+@pytest.mark.parametrize(
+    "death, named",
+    [("import ctypes; ctypes.string_at(0)", "killed by SIGSEGV (segmentation fault)"), ("os._exit(3)", "exit code 3")],
+    ids=["segfault", "os_exit"],
+)
+def test_a_rank_dying_by_segfault_or_os_exit_is_named_the_world_is_up_again_when_the_cell_returns(kernel, death, named):
+    kernel.run("%%distributed\nkept = rank").ok()
+    pids = _pids(kernel)
+    cell = kernel.run(f"%%distributed\nif rank == 1:\n    {death}\ntime.sleep(30)", timeout=30)
+    text = _error_text(cell)
+    assert cell.error is not None and cell.error["ename"] == "WorkerError"
+    assert f"rank 1 failed: {named}" in text
+    assert "the live session was restarted: its state is gone" in text
+    _nothing_left(pids)
+    status = json.loads(kernel.run(STATUS).ok().stdout)  # the new ranks came up before the cell returned
+    assert [r["state"] for r in status] == ["idle", "idle"] and not set(pids) & {r["pid"] for r in status}
+    assert kernel.run("%%distributed\n'kept' in globals(), rank").ok().result["text/plain"] == "(False, 0)"
+
+
 def test_timeout_stops_the_cell_and_the_next_cell_works(kernel):
     kernel.run("%%distributed\ntimed = rank").ok()
     t0 = time.monotonic()
@@ -313,5 +332,52 @@ def test_200_cell_soak_keeps_fds_threads_and_memory_flat():
         assert last["fds"] == first["fds"] and last["threads"] == first["threads"]
         assert last["rss"] - first["rss"] < 20 * 2**20
         assert all(b - a < 20 * 2**20 for a, b in zip(first["ranks"], last["ranks"], strict=True))
+    finally:
+        k.shutdown()
+
+
+KERNEL_GROUP = (  # the kernel's own process group: forked ranks inherit it, so their init_process_group fails
+    "import tempfile, torch.distributed as dist\n"
+    "dist.init_process_group('gloo', init_method='file://' + tempfile.mktemp(), rank=0, world_size=1)"
+)
+
+
+def test_a_restart_whose_new_ranks_cannot_start_says_so_then_and_stops_the_session():
+    k = Kernel()
+    try:
+        k.run("%load_ext kernelside\nimport os, time\n%distributed_start -n 2").ok()
+        first = _pids(k)
+        k.run(KERNEL_GROUP).ok()
+        cell = k.run("%distributed_restart", timeout=60)
+        text = _error_text(cell)
+        assert cell.error is not None and cell.error["ename"] == "LaunchError"
+        assert "the live session was restarted, but its new ranks did not come up (rank " in text
+        assert "trying to initialize the default process group twice" in text
+        assert "The live session is stopped and nothing is left running" in text
+        _nothing_left(first)
+        assert psutil.Process(k.pid).children(recursive=True) == []
+        assert "live session: none" in k.run("%distributed_config").ok().stdout
+
+        # the automatic restart, after a rank died in a cell, says it in that cell
+        k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()
+        second = _pids(k)
+        k.run(KERNEL_GROUP).ok()
+        cell = k.run("%%distributed\nif rank == 1:\n    os._exit(3)\ntime.sleep(30)", timeout=60)
+        text = _error_text(cell)
+        assert cell.error is not None and cell.error["ename"] == "WorkerError"  # the cell's own error comes first
+        order = [
+            "rank 1 failed: exit code 3",
+            "the live session was restarted: its state is gone",
+            "the new ranks of that restart did not come up (rank ",
+            "failed during init_process_group: ValueError: trying to initialize the default process group twice",
+            "The live session is stopped and nothing is left running",
+        ]
+        assert all(part in text for part in order), text
+        assert sorted(order, key=text.index) == order, text
+        _nothing_left(second)
+        assert psutil.Process(k.pid).children(recursive=True) == []
+        k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()  # the cause gone: a session starts
+        assert k.run("%%distributed\nrank").ok().result["text/plain"] == "0"
+        k.run("%distributed_stop").ok()
     finally:
         k.shutdown()

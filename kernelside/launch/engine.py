@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
@@ -43,6 +44,17 @@ _state = {"last_report": None}
 def last_report() -> LaunchReport | None:
     """The report of the most recent launch in this process (success or failure)."""
     return _state["last_report"]
+
+
+@contextlib.contextmanager
+def keeping_last_report():
+    """Runs inside the block do not replace ``last_report()`` (a live session's start-up run, say)."""
+    kept = _state["last_report"]
+    try:
+        yield
+    finally:
+        if kept is not None:
+            _state["last_report"] = kept
 
 
 def _check_picklable(req: LaunchRequest) -> bytes:

@@ -44,6 +44,9 @@ def socket_address(run_dir: str, dir_fd: int | None = None) -> str:
 class RunControl:
     """Listens on ``<run_dir>/control.sock`` and answers ``stop`` (and ``ping``) requests."""
 
+    # what a Stop is answered with; a live session's channel says it stops the session (live/run_entry.py)
+    stopping_message = "stopping: every rank gets SIGTERM now, SIGKILL after a short grace"
+
     def __init__(self, run_dir: str, listener: socket.socket):
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, CONTROL_SOCKET)
@@ -125,7 +128,7 @@ class RunControl:
             return {"ok": True, "message": "the run is live"}
         if op == "stop":
             if self.on_stop():
-                return {"ok": True, "message": "stopping: every rank gets SIGTERM now, SIGKILL after a short grace"}
+                return {"ok": True, "message": self.stopping_message}
             return {"ok": True, "message": "the run is already stopping"}
         return {"ok": False, "message": f"unknown op {op!r}: allowed are 'stop' and 'ping'"}
 

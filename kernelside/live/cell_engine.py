@@ -87,10 +87,11 @@ class LiveRunEngine:
             raise CellInterrupted(back or "the cell was interrupted") from None
 
     def close(self, grace: float, recorder) -> None:
-        """Decide whether the world can go on; if not, restart it and say so."""
-        reason = self._broken(recorder)
-        if reason is None:
-            return
+        """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
+        ranks that cannot come up are the session's to handle, see ``LiveSession._bring_up``.)"""
+        reason = self._broken(recorder) if self.req_id else None
+        if reason is None or self.session.runs.stop_asked.is_set():
+            return  # (Stop from the launch panel: the session closes the world next, no restart)
         self.restart_reason = reason
         self.session.restart_world()
         message = f"nblaunch: {reason}; {RESTARTED}."

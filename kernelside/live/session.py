@@ -35,11 +35,12 @@ from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..engines.local import LocalEngine
 from ..errors import LaunchConfigError, LaunchError
-from ..launch.engine import plan_for, run_engine
+from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from .cell_engine import LiveRunEngine
 from .names import NameSender, dumps, names_assigned, needed_names
+from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 
 _current: list[LiveSession | None] = [None]
 
@@ -47,6 +48,17 @@ _current: list[LiveSession | None] = [None]
 def current() -> LiveSession | None:
     """This kernel's live session, or None."""
     return _current[0]
+
+
+def _holding_life(method):
+    """Run a request holding the session's life lock: the panel's Stop never closes the world under it."""
+
+    def wrapper(self, *args, **kwargs):
+        with self.life:
+            return method(self, *args, **kwargs)
+
+    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = method.__name__, method.__doc__, method
+    return wrapper
 
 
 def kernel_namespace() -> dict:
@@ -83,11 +95,15 @@ class LiveSession:
         self.started_at = time.monotonic()
         self.restarts, self.busy, self.broken = 0, False, None
         self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
+        self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
+        self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
+        if _current[0] is not None and _current[0].world is None:
+            _current[0] = None  # stopped from the launch panel between cells
         if _current[0] is not None:
             raise LaunchError(
                 "nblaunch: a live session is already running in this kernel "
@@ -97,29 +113,47 @@ class LiveSession:
         try:
             for notice in session.plan.notices:
                 session.out.write(notice + "\n")
-            session._start_world()
-            session._await_ready()
-        except BaseException:
-            session._close()
+            with session.life:
+                session._start_world()
+                session._await_ready()
+        except BaseException as e:
+            session._close("failed", e)
             raise
         _current[0] = session
         return session
 
+    @_holding_life
     def restart(self) -> None:
-        """New processes with the same flags; every rank's state is gone."""
-        self.restart_world()
-        self._await_ready()
+        """New processes with the same flags; every rank's state is gone. Returns once every new rank is ready;
+        if they do not come up, the session is stopped and a LaunchError says why."""
+        if self.world is None:
+            raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
+        if not self.lock.acquire(blocking=False):
+            raise LaunchError("nblaunch: the live session is running a cell (from another thread); restart it after.")
+        try:
+            self.restart_world()
+            self._bring_up("the live session was restarted, but its new ranks")
+        finally:
+            self.lock.release()
 
+    @_holding_life
     def stop(self) -> None:
         """Stop every rank; nothing is left (processes, port, fds). Safe to call twice."""
-        self._close()
+        self._close("done")
         if _current[0] is self:
             _current[0] = None
 
-    def _close(self) -> None:
+    def stop_from_panel(self) -> None:
+        """The launch panel's Stop (``run_entry``), holding the life lock: every rank ends, the entry says "stopped"."""
+        self._close("stopped")
+
+    def _close(self, state: str, error: BaseException | None = None) -> None:
+        if self.runs.stop_asked.is_set():
+            state = "stopped"
         if self.world is not None:
             self.world.close(1.0, None)
-            self.world = None
+        self.runs.close(state, error)  # the ranks (now dead) are still listed in the final state
+        self.world = None
         self.logs.close()
 
     def _start_world(self) -> None:
@@ -146,6 +180,7 @@ class LiveSession:
             self.world.close(0.2, None)
         self.restarts += 1
         self._start_world()
+        self.runs.restarted()
 
     def _ready_engine(self) -> LiveRunEngine:
         return LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
@@ -154,7 +189,30 @@ class LiveSession:
         self._run(self._ready_engine(), LaunchRequest(fn=None), self.plan)
         self.ready = True
 
+    def _bring_up(self, what: str, cause: BaseException | None = None) -> None:
+        """Wait for a restarted world's ranks to be ready (the lock is held). If they fail, the session is stopped
+        (a world that cannot start would fail every later cell the same way) and the error says so: a LaunchError,
+        or ``cause`` (the cell's own error, whose root cause comes first) with that said at its end."""
+        try:
+            with keeping_last_report():  # %distributed_last stays the cell's report, not the start's
+                self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
+            self.ready = True
+        except BaseException as e:
+            self.stop()
+            message = (
+                f"nblaunch: {what} did not come up ({_summary(e)}). "
+                "The live session is stopped and nothing is left running; fix the cause, then %distributed_start."
+            )
+            if cause is not None and cause.args and isinstance(cause.args[0], str):
+                cause.args = (f"{cause.args[0]}\n{message}", *cause.args[1:])
+                raise cause from None
+            if isinstance(e, KeyboardInterrupt):
+                self.err.write(message + "\n")
+                raise
+            raise LaunchError(message) from e
+
     # -- requests --------------------------------------------------------------------------
+    @_holding_life
     def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
@@ -163,6 +221,7 @@ class LiveSession:
         assigned = names_assigned(program.source, program.filename)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
+    @_holding_life
     def run_function(self, fn, args=(), kwargs=None, *, return_from=(0,), ranks=None, timeout=None):
         """Call ``fn(*args, **kwargs)`` on the ranks (its globals: each rank's namespace); the LaunchOutcome."""
         if not callable(fn):
@@ -177,6 +236,7 @@ class LiveSession:
         values = self.names.collect(used, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
+    @_holding_life
     def push(self, names, source: dict | None = None) -> list[str]:
         """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
@@ -195,6 +255,11 @@ class LiveSession:
         return sorted(values)
 
     def _ensure_world(self) -> None:
+        if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
+            self._close("stopped")
+            if _current[0] is self:
+                _current[0] = None
+            raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
         if self.world is None:
             raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
         if self.broken:
@@ -243,19 +308,36 @@ class LiveSession:
         if not self.lock.acquire(blocking=False):
             raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
         try:
-            if not self.ready and engine.req_id != 0:  # a restarted world: its ranks first come up
-                self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
-                self.ready = True
-            return self._execute(engine, req, plan)
+            if not self.ready and engine.req_id != 0:  # a world restarted outside a run: its ranks first come up
+                self._bring_up("the live session was restarted, but its new ranks")
+            try:
+                outcome = self._execute(engine, req, plan)
+            except BaseException as e:
+                if engine.restart_reason is not None:  # restarted by this run: up (or said not to be) before it ends
+                    self._bring_up("the new ranks of that restart", cause=e)
+                raise
+            if engine.restart_reason is not None:
+                self._bring_up("the new ranks of that restart")
+            return outcome
         finally:
             self.lock.release()
+            if self.runs.stop_asked.is_set():  # Stop from the panel during this request: the session ends too
+                self._close("stopped")
+                if _current[0] is self:
+                    _current[0] = None
+        if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
+            self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
+        return outcome
 
     def _execute(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
         self.busy = True
+        self.runs.begin(engine)
         try:
-            outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err)
+            outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err, self.runs)
         finally:
             self.busy = False
+            is_cell = engine.req_id != 0 and req.fn is not None
+            self.runs.end(engine, getattr(engine.recorder, "report", None), is_cell)
         if engine.req_id:
             for r in engine.ranks:
                 self.cells_run[r] += 1
@@ -295,6 +377,15 @@ class LiveSession:
                 }
             )
         return rows
+
+
+def _summary(e: BaseException) -> str:
+    """The first line of an error; nblaunch's own without its type and prefix (they say it all)."""
+    lines = str(e).strip().splitlines()
+    first = lines[0] if lines else ""
+    if first.startswith("nblaunch: "):
+        return first[len("nblaunch: ") :]
+    return f"{type(e).__name__}: {first}" if first else type(e).__name__
 
 
 def _rss(pid: int) -> int | None:

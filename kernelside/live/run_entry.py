@@ -1,0 +1,247 @@
+"""A live session as one entry of the launch panel's Runs view, for its whole life.
+
+The session's run folder (the one its rank logs are in, locked while the session lives) holds a
+``state.json`` written by ``LiveRunEntry``: state ``starting`` → ``idle`` between cells,
+``running`` during one, and at the end ``done`` (``%distributed_stop``), ``stopped`` (Stop from
+the panel) or ``failed`` (the ranks never came up); the count of cells run, and every rank with
+its pid and pid start time (the server's identity check before it samples a pid), ``idle`` /
+``busy`` / ``dead``. A restart gives new pids and the entry says so at once.
+
+Stop comes over the run's ``control.sock`` (``launch.run_control``), served by a small daemon
+thread of the session, so it answers between cells too, when nothing runs in the kernel's main
+thread. The thread never touches the ranks while a cell runs: it only raises a flag, which the
+cell's kernel loop (the recorder's ``tick``, in the main thread) turns into the one-shot Stop —
+the cell raises ``LaunchStoppedError`` — after which the cell path stops the session. Between
+cells the thread takes the session's life lock (``LiveSession.life``: every main-thread request
+holds it, so no cell can start meanwhile) and stops the session itself; the next
+``%%distributed`` cell then refuses once, saying the session was stopped from the panel, and
+later cells run one-shot. Nothing here signals a process the session did not start.
+
+Example::
+
+    >>> entry = LiveRunEntry(session)         # doctest: +SKIP  (state.json "starting", control.sock up)
+    >>> entry.begin(engine); entry.tick(report); entry.end(engine, report)   # doctest: +SKIP  one cell
+    >>> entry.close("done")                    # doctest: +SKIP  final state, socket removed
+"""
+
+from __future__ import annotations
+
+import os
+import selectors
+import threading
+import time
+
+from ..launch.run_control import RunControl
+from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
+
+ENGINE = "local (live)"
+PANEL_STOPPED = (
+    "nblaunch: the live session was stopped from the launch panel (Stop): its ranks and their state are gone "
+    "and nothing is left running."
+)
+NEXT_CELL = "The next %%distributed cell runs one-shot; start a new live session with %distributed_start."
+STOP_REPLY = "stopping the live session: its ranks get SIGTERM now, SIGKILL after a short grace"
+
+
+class LiveRunEntry:
+    """The session's ``state.json`` and its Stop channel; see the module docstring."""
+
+    def __init__(self, session):
+        self.session = session
+        try:
+            self.control = RunControl.listen(session.log_dir)
+        except OSError:  # a log_dir on a file system without sockets: the session goes on, without Stop
+            self.control = None
+        if self.control is not None:
+            self.control.stopping_message = STOP_REPLY
+        self.writer = RunStateWriter(session.log_dir, engine=ENGINE, has_control=self.control is not None)
+        self.write_lock = threading.Lock()  # the daemon thread and the main thread both write
+        self.stop_asked = threading.Event()
+        self.cells = 0
+        self.engine = None  # the request running now (a LiveRunEngine), None between requests
+        self.last_cell: str | None = None  # the last cell's outcome: ok, failed, interrupted...
+        self.ended = False
+        self._write("starting")
+        self.thread = None
+        if self.control is not None:
+            self._quit_r, self._quit_w = _pipe()
+            self.thread = threading.Thread(target=self._serve, name="nblaunch-live-control", daemon=True)
+            self.thread.start()
+
+    # -- what the session tells ------------------------------------------------------------
+    def begin(self, engine) -> None:
+        """A request starts on the ranks (main thread, holding the session's life lock)."""
+        self.engine = engine
+        self._write("starting" if engine.req_id == 0 else "running")
+
+    def tick(self, report) -> None:
+        """The recorder's tick during a request: a Stop asked from the panel becomes the cell's Stop here."""
+        rec = getattr(self.engine, "recorder", None)
+        if self.stop_asked.is_set() and rec is not None and not rec.stopping:
+            if rec.stop_requested():
+                rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
+        self._write("starting" if self.engine is None or self.engine.req_id == 0 else "running", throttle=True)
+
+    def attach(self, sel, on_stop) -> None:
+        """The kernel loop's hook for a channel served from its selector: this one is served by its own thread."""
+
+    def end(self, engine, report, is_cell: bool) -> None:
+        """The request is over (whatever its outcome): back to idle, or the end if the world is gone."""
+        self.engine = None
+        if is_cell:
+            self.cells += 1
+            self.last_cell = report.outcome if report is not None else None
+        if not self.ended and not self.stop_asked.is_set():  # (stopped: the final state follows at once)
+            self._write("idle")
+
+    def restarted(self) -> None:
+        """New processes (same flags): the entry shows their pids at once."""
+        self._write("starting")
+
+    def close(self, state: str, error: BaseException | None = None) -> None:
+        """The session ended: ``done``, ``stopped`` or ``failed``; the socket goes first, then the final state."""
+        if self.ended:
+            return
+        self.ended = True
+        if self.thread is not None and threading.current_thread() is not self.thread:
+            _write_byte(self._quit_w)
+            self.thread.join(5)
+        if self.control is not None:
+            self.control.close()
+        self._write(state, final=True, error=error)
+
+    # -- the Stop channel's thread ---------------------------------------------------------
+    def _serve(self) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            self.control.register(sel, self._on_stop)
+            sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
+            while not self.ended:
+                for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
+                    if key.data[1] == "quit":
+                        return
+                    if key.fd in sel.get_map():
+                        key.data[0].on_ready(key.fd)
+                if self.stop_asked.is_set() and not self.ended:
+                    self._stop_between_cells()
+        finally:
+            sel.close()
+            _close(self._quit_r, self._quit_w)
+
+    def _on_stop(self) -> bool:
+        """From the control socket: True if this Stop began stopping the session."""
+        if self.stop_asked.is_set() or self.ended:
+            return False
+        self.stop_asked.set()  # first: a cell running now (or starting) sees it at its next loop turn
+        return True
+
+    def _stop_between_cells(self) -> None:
+        # The life lock: a request running now holds it and stops the session itself once it sees the flag
+        # (never wait for it here: that request's end joins this thread); one about to start waits, then
+        # finds the session stopped and refuses.
+        if not self.session.life.acquire(blocking=False):
+            return
+        try:
+            if not self.ended:
+                self.session.stop_from_panel()
+        finally:
+            self.session.life.release()
+
+    # -- the state file --------------------------------------------------------------------
+    def _write(self, state: str, *, throttle: bool = False, final: bool = False, error=None) -> None:
+        with self.write_lock:
+            w = self.writer
+            now = time.monotonic()
+            key = (state, self.cells, self.session.restarts, self._engine_key())
+            if throttle and key == w.last_key and now - w.last_write < 0.25:
+                return
+            w.last_key, w.last_write = key, now
+            if w.failed is not None:
+                return
+            try:
+                w._write(self.snapshot(state, final=final, error=error))
+            except OSError as e:  # a full or read-only disk costs the panel its view, never the session
+                w.failed = e
+
+    def _engine_key(self):
+        rec = getattr(self.engine, "recorder", None)
+        return None if rec is None else (rec.report.outcome, len(rec.report.failures), len(rec.idle))
+
+    def snapshot(self, state: str, *, final: bool = False, error=None) -> dict:
+        """The JSON-ready state of the session (``state``: starting | idle | running | done | stopped | failed)."""
+        s, w = self.session, self.writer
+        now = time.monotonic()
+        out = {**w.base, "started": w.started, "updated": time.time(), "updated_monotonic": now}
+        out.update(
+            elapsed_s=now - w.t0,
+            state=state,
+            session=True,
+            world_size=s.plan.num_processes,
+            backend=s.plan.backend,
+            start_method=s.plan.start_method,
+            cells_run=self.cells,
+            restarts=s.restarts,
+            last_cell=self.last_cell,
+            ranks=self._ranks(state),
+            root_cause=None,
+        )
+        if final:
+            out["ended"] = time.time()
+            if state == "stopped":
+                out["root_cause"] = PANEL_STOPPED.removeprefix("nblaunch: ")
+            elif error is not None:
+                report = getattr(error, "report", None)
+                line = root_cause_line(report) if report is not None else None
+                text = (str(error).splitlines() or [""])[0][:300]
+                out["root_cause"] = line or (f"{type(error).__name__}: {text}" if text else type(error).__name__)
+        return out
+
+    def _ranks(self, state: str) -> list[dict]:
+        world = self.session.world
+        busy = set(getattr(self.engine, "ranks", ())) if state == "running" else set()
+        rec = getattr(self.engine, "recorder", None)
+        req_id = getattr(self.engine, "req_id", None)
+        rows = []
+        for wk in world.group.workers if world is not None else ():
+            pid = wk.pid or None
+            if pid not in self.writer.pid_starts:
+                self.writer.pid_starts[pid] = proc_start_time(pid)
+            if wk.status is not None or state in ("done", "stopped", "failed"):
+                rank_state = "dead"
+            elif state == "starting":
+                rank_state = "starting"
+            elif wk.rank in busy and not (rec is not None and rec.idle.get(wk.rank, {}).get("cell") == req_id):
+                rank_state = "busy"
+            else:
+                rank_state = "idle"
+            rows.append(
+                {
+                    "rank": wk.rank,
+                    "pid": pid,
+                    "pid_start": self.writer.pid_starts[pid],
+                    "state": rank_state,
+                    "exit": wk.status.describe() if wk.status is not None else None,
+                    "log": f"rank{wk.rank}.log",
+                    "gpu": None,
+                }
+            )
+        return rows
+
+
+def _pipe() -> tuple[int, int]:
+    return os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+
+
+def _write_byte(fd: int) -> None:
+    try:
+        os.write(fd, b"x")
+    except OSError:
+        pass
+
+
+def _close(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
