@@ -68,8 +68,8 @@ Trainer(model=model, args=args, train_dataset=data, callbacks=[Spy()]).train()
 print("callback saw", len(seen), sorted(seen[0]))
 """
 
-# spawn: Lightning refuses strategy="ddp" when it was imported in an interactive process (issue 11); a
-# spawned rank imports it afresh, as a script would, so this is real DDP over the 2 ranks
+# spawn: the capture must also patch a Lightning that the rank imports afresh, as a script would (fork,
+# where the ranks inherit the kernel's Lightning, is tests/test_rank_identity.py's); real DDP over 2 ranks
 LIGHTNING = """
 %%distributed -n 2 --start-method spawn
 import tempfile, torch
