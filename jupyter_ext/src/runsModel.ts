@@ -251,6 +251,20 @@ export function rankStateText(rank: IRankInfo): string {
   return rank.exit && rank.state !== 'running' ? `${rank.state}: ${rank.exit}` : rank.state;
 }
 
+/** What ran, as the list shows it: 'local · 2 ranks · gloo', and for a live session its cells and restarts. */
+export function runMeta(run: IRunSummary): string {
+  const ranks = run.world_size ? `${run.world_size} ranks` : '';
+  let session = '';
+  if (run.session) {
+    const cells = run.cells_run ?? 0;
+    session = `live session, ${cells} cell${cells === 1 ? '' : 's'} run`;
+    if (run.restarts) {
+      session += `, ${run.restarts} restart${run.restarts === 1 ? '' : 's'}`;
+    }
+  }
+  return [run.engine, ranks, run.backend, session].filter(Boolean).join(' · ');
+}
+
 /** The notebook (or kernel) a run came from, as the list shows it. */
 export function runOrigin(run: IRunSummary): string {
   if (run.notebook) {

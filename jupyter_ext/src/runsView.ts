@@ -13,6 +13,7 @@ import {
   formatElapsed,
   hasGpuColumns,
   rankStateText,
+  runMeta,
   runOrigin,
   RunsModel
 } from './runsModel';
@@ -124,8 +125,7 @@ class RunRow {
   update(run: IRunSummary, detail: IRunDetail | undefined, expanded: boolean, note?: string): void {
     this.node.dataset.state = run.state;
     this._toggle.setAttribute('aria-expanded', String(expanded));
-    const ranks = run.world_size ? `${run.world_size} ranks` : '';
-    const what = [run.engine, ranks, run.backend].filter(Boolean).join(' · ');
+    const what = runMeta(run);
     setChildren(
       this._toggle,
       h('span', { class: 'nblaunch-run-arrow' }, expanded ? '▾' : '▸'),

@@ -106,6 +106,10 @@ export interface IRunSummary {
   backend: string | null;
   start_method: string | null;
   root_cause: string | null;
+  /** A live session (%distributed_start): one entry for its whole life, with its cells and restarts. */
+  session?: boolean;
+  cells_run?: number | null;
+  restarts?: number | null;
 }
 
 /** One rank in GET /nblaunch/runs/{id}; the figures are there only for a live rank proven to be the run's. */

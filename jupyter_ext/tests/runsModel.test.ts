@@ -6,6 +6,7 @@ import {
   hasGpuColumns,
   IRunsBackend,
   rankStateText,
+  runMeta,
   runOrigin,
   RunsModel,
   RunsPoller
@@ -300,6 +301,13 @@ describe('formatting', () => {
       rankStateText({ rank: 1, pid: 3, state: 'failed', exit: 'killed by SIGKILL', log: null })
     ).toBe('failed: killed by SIGKILL');
     expect(runOrigin(summary('x', { notebook: null }))).toBe('kernel abcdef01');
+    expect(runMeta(summary('x'))).toBe('local · 2 ranks · gloo');
+    expect(runMeta(summary('x', { engine: 'local (live)', session: true, cells_run: 1 }))).toBe(
+      'local (live) · 2 ranks · gloo · live session, 1 cell run'
+    );
+    expect(runMeta(summary('x', { session: true, cells_run: 12, restarts: 2 }))).toBe(
+      'local · 2 ranks · gloo · live session, 12 cells run, 2 restarts'
+    );
   });
 
   it('shows GPU columns only when a rank has GPU figures', () => {
