@@ -229,6 +229,19 @@ def _our_fds():  # IPython's own history database opens and closes as it likes: 
     return sorted(out)
 print(len(_our_fds()))
 """
+FD_TARGETS = KERNEL_FDS.replace("print(len(_our_fds()))", "print(_our_fds())")
+
+
+def _fds_settle_to(k, expected: int, timeout: float = 5.0) -> int:
+    """The kernel's fd count once it is back to ``expected``, or the last count after ``timeout``: torch's
+    TCPStore and ZMQ close some of a finished world's descriptors from their own threads, a moment later."""
+    deadline = time.monotonic() + timeout
+    while True:
+        count = int(k.run(KERNEL_FDS).ok().stdout)
+        if count == expected or time.monotonic() > deadline:
+            if count != expected:
+                print("kernel fds now:", k.run(FD_TARGETS).ok().stdout)
+            return count
 
 
 def _nothing_left(rank_pids: list[int]) -> None:
@@ -253,7 +266,7 @@ def test_stop_and_restart_leave_no_process_port_or_fd():
         assert not set(first) & set(second) and not any(psutil.pid_exists(p) for p in first)
         k.run("%distributed_stop").ok()
         _nothing_left(second)
-        assert int(k.run(KERNEL_FDS).ok().stdout) == fds_before
+        assert _fds_settle_to(k, fds_before) == fds_before
         assert port not in {c.laddr.port for c in psutil.Process(k.pid).net_connections() if c.laddr}
         assert "live session: none" in k.run("%distributed_config").ok().stdout
     finally:
@@ -329,6 +342,8 @@ def test_200_cell_soak_keeps_fds_threads_and_memory_flat():
             k.run(f"%%distributed\nx = [rank] * 1000\nlen(x) + {i}").ok()
         last = json.loads(k.run(probe).ok().stdout)
         print("soak first", first, "last", last)
+        if last["fds"] != first["fds"]:
+            last["fds"] = _fds_settle_to(k, first["fds"])
         assert last["fds"] == first["fds"] and last["threads"] == first["threads"]
         assert last["rss"] - first["rss"] < 20 * 2**20
         assert all(b - a < 20 * 2**20 for a, b in zip(first["ranks"], last["ranks"], strict=True))

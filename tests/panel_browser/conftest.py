@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Error as PlaywrightError
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
@@ -79,6 +80,23 @@ def artifacts() -> Path:
     """Where the browser test leaves screenshots and the server log (kept after the run)."""
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture
+def snapshot(artifacts):
+    """``snapshot(page_or_locator, "name.png")``: a screenshot for people to look at, never an assertion.
+
+    Chromium under load can refuse a capture ("Unable to capture screenshot"); that is written beside
+    it as ``name.txt`` instead of failing the test (or hiding the error of a ``finally`` block).
+    """
+
+    def take(target, name: str) -> None:
+        try:
+            target.screenshot(path=str(artifacts / name), timeout=15_000)
+        except PlaywrightError as e:
+            (artifacts / name).with_suffix(".txt").write_text(f"no screenshot: {e}\n")
+
+    return take
 
 
 @pytest.fixture

@@ -14,7 +14,7 @@ PANEL = "#nblaunch-panel"
 expect.set_options(timeout=60_000)
 
 
-def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_server, browser_page, artifacts):
+def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_server, browser_page, snapshot):
     page = browser_page
     page.set_default_timeout(60_000)
     try:
@@ -35,7 +35,7 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         expect(panel.locator(".nblaunch-dirty-note")).to_be_hidden()
         saved = yaml.safe_load((lab_server.root / "nblaunch.yaml").read_text())
         assert saved == {"num_processes": 3, "mixed_precision": "bf16"}
-        panel.screenshot(path=str(artifacts / "panel.png"))
+        snapshot(panel, "panel.png")
 
         panel.get_by_role("button", name="Insert %%distributed cell").click()
         cells = page.locator(".jp-NotebookPanel .jp-Cell .jp-InputArea-editor")
@@ -58,4 +58,4 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         expect(outputs.filter(has_text="--nproc-per-node 3")).to_have_count(1, timeout=60_000)
         assert (lab_server.root / "train_distributed.py").is_file()
     finally:
-        page.screenshot(path=str(artifacts / "panel-e2e-last-page.png"))
+        snapshot(page, "panel-e2e-last-page.png")

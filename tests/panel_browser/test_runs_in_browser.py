@@ -59,7 +59,7 @@ def _widen_sidebar(page, pixels: int) -> None:
     page.mouse.up()
 
 
-def test_runs_view_shows_a_live_launch_its_logs_and_stop_ends_it(lab_server, browser_page, artifacts):
+def test_runs_view_shows_a_live_launch_its_logs_and_stop_ends_it(lab_server, browser_page, snapshot):
     page = browser_page
     page.set_default_timeout(60_000)
     _notebook(lab_server.root / "train.ipynb", ["%load_ext kernelside", LONG_CELL])
@@ -101,7 +101,7 @@ def test_runs_view_shows_a_live_launch_its_logs_and_stop_ends_it(lab_server, bro
         seen = _max_step(log.inner_text(), 1)
         expect(log).to_contain_text(f"rank 1 working on step {seen + 5}", timeout=30_000)
         _widen_sidebar(page, 170)  # room for the ranks table in the screenshot
-        page.screenshot(path=str(artifacts / "panel-runs.png"))
+        snapshot(page, "panel-runs.png")
 
         # the log link in the cell's status line opens rank 0's log
         page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="train.ipynb").click()
@@ -119,7 +119,7 @@ def test_runs_view_shows_a_live_launch_its_logs_and_stop_ends_it(lab_server, bro
         expect(outputs.filter(has_text="stopped from the launch panel")).not_to_have_count(0)
         page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text="train.ipynb").click()
         outputs.filter(has_text="LaunchStoppedError").scroll_into_view_if_needed()
-        page.screenshot(path=str(artifacts / "panel-runs-stopped-cell.png"))
+        snapshot(page, "panel-runs-stopped-cell.png")
         expect(stopped.get_by_role("button", name="Stop", exact=True)).to_be_hidden()
         for r in range(2):
             expect(stopped.locator("table.nblaunch-ranks tbody tr").nth(r).locator("td").nth(2)).to_have_text(
@@ -131,4 +131,4 @@ def test_runs_view_shows_a_live_launch_its_logs_and_stop_ends_it(lab_server, bro
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         assert psutil.Process(kernel_pid).children(recursive=True) == []
     finally:
-        page.screenshot(path=str(artifacts / "panel-runs-last-page.png"))
+        snapshot(page, "panel-runs-last-page.png")
