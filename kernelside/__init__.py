@@ -30,8 +30,15 @@ def _in_jupyter_kernel() -> bool:
     return getattr(shell, "kernel", None) is not None
 
 
+def _warm_up_after_this_cell(*_args) -> None:
+    """Start the background import once the cell that loaded kernelside has finished (so that neither this
+    import nor %load_ext competes with it), while the user works on the next cells."""
+    sys.modules["IPython"].get_ipython().events.unregister("post_run_cell", _warm_up_after_this_cell)
+    _warmup.start()  # what forked ranks inherit
+
+
 if _in_jupyter_kernel():
-    _warmup.start()  # what forked ranks inherit, imported while the user works on the cells above
+    sys.modules["IPython"].get_ipython().events.register("post_run_cell", _warm_up_after_this_cell)
 
 __all__ = [
     "notebook_launcher",
@@ -42,7 +49,6 @@ __all__ = [
     "LaunchError",
     "LaunchStoppedError",
     "LaunchTimeoutError",
-    "LaunchStoppedError",
     "WorkerError",
     "load_ipython_extension",
     "worker_context",
@@ -70,5 +76,3 @@ def load_ipython_extension(ipython):
     from .notebook.magics import register
 
     register(ipython)
-    if _current_worker() is None:
-        _warmup.start()  # what forked ranks inherit, imported while the user works on the cells above

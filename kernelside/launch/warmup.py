@@ -2,14 +2,14 @@
 
 A rank's first DDP construction imports ``torch._dynamo`` (about 2.7 s per process here). Imported
 once in the kernel before the fork, every forked rank inherits it. ``start()`` begins that import
-in a background thread as soon as ``kernelside`` is loaded in a kernel, so the user does not wait
-for it; ``ensure()`` (called before any fork of ours) joins it, or does it, so that a fork never
+in a background thread once the cell that loaded ``kernelside`` in a kernel has finished, so the
+user does not wait for it; ``ensure()`` (called before any fork of ours) joins it, or does it, so that a fork never
 happens while another thread holds an import lock. A fork hook makes the same join for forks that
 are not ours.
 
 Example::
 
-    >>> start()      # at %load_ext kernelside            # doctest: +SKIP
+    >>> start()      # after the cell that loaded kernelside   # doctest: +SKIP
     >>> ensure()     # before forking workers
 """
 

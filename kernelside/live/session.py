@@ -38,16 +38,12 @@ from ..errors import LaunchConfigError, LaunchError
 from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
+from . import registry
 from .cell_engine import LiveRunEngine
 from .names import NameSender, dumps, names_assigned, needed_names
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 
-_current: list[LiveSession | None] = [None]
-
-
-def current() -> LiveSession | None:
-    """This kernel's live session, or None."""
-    return _current[0]
+current = registry.current  # this kernel's live session, or None
 
 
 def _holding_life(method):
@@ -102,12 +98,14 @@ class LiveSession:
     @classmethod
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
-        if _current[0] is not None and _current[0].world is None:
-            _current[0] = None  # stopped from the launch panel between cells
-        if _current[0] is not None:
+        running = registry.current()
+        if running is not None and running.world is None:
+            registry.set_current(None)  # stopped from the launch panel between cells
+            running = None
+        if running is not None:
             raise LaunchError(
                 "nblaunch: a live session is already running in this kernel "
-                f"({_current[0].describe()}). Stop it first (%distributed_stop), or restart it (%distributed_restart)."
+                f"({running.describe()}). Stop it first (%distributed_stop), or restart it (%distributed_restart)."
             )
         session = cls(arguments, config, out or sys.stdout, err or sys.stderr)
         try:
@@ -119,7 +117,7 @@ class LiveSession:
         except BaseException as e:
             session._close("failed", e)
             raise
-        _current[0] = session
+        registry.set_current(session)
         return session
 
     @_holding_life
@@ -140,8 +138,8 @@ class LiveSession:
     def stop(self) -> None:
         """Stop every rank; nothing is left (processes, port, fds). Safe to call twice."""
         self._close("done")
-        if _current[0] is self:
-            _current[0] = None
+        if registry.current() is self:
+            registry.set_current(None)
 
     def stop_from_panel(self) -> None:
         """The launch panel's Stop (``run_entry``), holding the life lock: every rank ends, the entry says "stopped"."""
@@ -257,8 +255,8 @@ class LiveSession:
     def _ensure_world(self) -> None:
         if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
             self._close("stopped")
-            if _current[0] is self:
-                _current[0] = None
+            if registry.current() is self:
+                registry.set_current(None)
             raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
         if self.world is None:
             raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
@@ -323,8 +321,8 @@ class LiveSession:
             self.lock.release()
             if self.runs.stop_asked.is_set():  # Stop from the panel during this request: the session ends too
                 self._close("stopped")
-                if _current[0] is self:
-                    _current[0] = None
+                if registry.current() is self:
+                    registry.set_current(None)
         if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
             self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
         return outcome

@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
-from ..live import session as live
+from ..live import registry as live
 from .cell import prepare_cell
 
 # flags fixed for the whole session; a cell that gives another value is refused
@@ -134,7 +134,7 @@ def flag_arguments(args, **extra) -> dict:
     )
 
 
-def _require() -> live.LiveSession:
+def _require():
     s = live.current()
     if s is None:
         raise LaunchConfigError(
@@ -166,7 +166,9 @@ class LiveMagics(Magics):
         """
         args = parse_argstring(self.distributed_start, line)
         t0 = time.monotonic()
-        s = live.LiveSession.start(flag_arguments(args), config=args.config)
+        from ..live.session import LiveSession  # the session machinery, loaded when a session starts
+
+        s = LiveSession.start(flag_arguments(args), config=args.config)
         print(f"nblaunch: live session up in {time.monotonic() - t0:.2f}s: {s.describe()}")
 
     @line_magic

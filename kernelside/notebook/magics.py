@@ -26,7 +26,7 @@ from ..errors import LaunchConfigError
 from ..launch import hardware
 from ..launch.engine import last_report, launch, plan_for
 from ..launch.request import LaunchRequest
-from ..live import session as live_session
+from ..live import registry as live_session
 from .cell import prepare_cell, ship_namespace
 from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
 from .live_magics import flag_arguments, run_live_cell
