@@ -33,22 +33,17 @@ import tempfile
 import textwrap
 import time
 
-from bench.harness import free_port, torchrun_cmd
+from bench.harness import free_port, mark_ready, ready_times, torchrun_cmd
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(HERE, "results")
 
 
-def _mark(outdir: str, rank: int) -> None:
-    with open(os.path.join(outdir, f"ready{rank}"), "w") as fh:
-        fh.write(repr(time.time()))
-
-
 def trivial_nblaunch(outdir):
     import torch.distributed as dist
 
-    _mark(outdir, dist.get_rank())
+    mark_ready(outdir, dist.get_rank())
     dist.barrier()
     return 0
 
@@ -58,7 +53,7 @@ def trivial_by_hand(local_rank, world_size, port, outdir):
     import torch.distributed as dist
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=local_rank, world_size=world_size)
-    _mark(outdir, local_rank)
+    mark_ready(outdir, local_rank)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -69,7 +64,7 @@ def trivial_env(outdir):
 
     if not dist.is_initialized():
         dist.init_process_group("gloo")
-    _mark(outdir, dist.get_rank())
+    mark_ready(outdir, dist.get_rank())
     dist.barrier()
     dist.destroy_process_group()
 
@@ -121,7 +116,7 @@ def measure(fn, n: int, runs: int) -> tuple[float, float]:
         t0 = time.time()
         fn(n, outdir)
         t1 = time.time()
-        ready = [float(open(os.path.join(outdir, f"ready{r}")).read()) for r in range(n)]
+        ready = ready_times(outdir, n)
         if i > 0:
             starts.append(max(ready) - t0)
             totals.append(t1 - t0)

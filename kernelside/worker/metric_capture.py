@@ -35,7 +35,6 @@ from __future__ import annotations
 import functools
 import importlib.abc
 import sys
-import time
 from collections.abc import Mapping
 
 from . import progress
@@ -48,11 +47,7 @@ _state = {"rank": 0, "all": False, "broken": set()}
 # -- recording -------------------------------------------------------------------------------------
 
 
-# log_metrics()'s own buffer and clock, bound once: a captured call must cost less than a log_metrics() call
-_pending = progress._pending_metrics
-_last_flush = progress._last_flush
-_FLUSH_S = progress.METRICS_FLUSH_S
-_monotonic = time.monotonic
+_record_point = progress.record_point  # log_metrics()'s own buffer and throttle
 _tensor = [None]  # torch.Tensor, set at install (torch is imported in every worker by then)
 
 
@@ -109,10 +104,7 @@ def _emit(p: dict) -> None:
         return  # nothing numeric was logged
     if _state["all"]:
         p["rank"] = _state["rank"]
-    _pending.append(p)
-    now = _monotonic()
-    if now - _last_flush[0] >= _FLUSH_S:
-        progress.flush_metrics(now)
+    _record_point(p)
 
 
 # -- what each framework's method looks like: (self, args, kwargs) of the call, after the framework ran ---

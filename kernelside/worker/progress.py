@@ -148,6 +148,13 @@ def log_metrics(step=None, **values):
     point = {"step": step, **{k: float(v) if hasattr(v, "__float__") else v for k, v in values.items()}}
     if ctx.progress_scope == "all":
         point["rank"] = ctx.rank
+    record_point(point)
+
+
+def record_point(point: dict) -> None:
+    """Buffer one metrics point (``{"step": ..., name: value}``) and send the buffer at most every
+    METRICS_FLUSH_S: ``log_metrics()`` and the frameworks' captured loggers (metric_capture.py) both
+    record through here."""
     _pending_metrics.append(point)
     now = time.monotonic()
     if now - _last_flush[0] >= METRICS_FLUSH_S:
