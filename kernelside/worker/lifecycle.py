@@ -56,6 +56,41 @@ class RankSpec:
     metrics: str = "on"  # "on": the frameworks' loggers feed log_metrics() (metric_capture.py)
     init_process_group: bool = True  # False where the engine (Ray Train) sets the process group up
 
+    @classmethod
+    def build(
+        cls,
+        launch: dict,
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        device: str,
+        env: dict,
+        init_process_group: bool = True,
+    ) -> RankSpec:
+        """The one place a rank's spec is made: the launch-wide settings (``engines.contract.launch_settings``,
+        plain data that travels to any engine's workers) plus who this rank is.
+
+        Example::
+
+            >>> launch = {"backend": "gloo", "render": "text", "scope": "rank0", "metrics": "on", "return_all": False}
+            >>> RankSpec.build(launch, rank=1, local_rank=1, world_size=2, device="cpu", env={}).return_result
+            False
+        """
+        return cls(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            backend=launch["backend"],
+            device=device,
+            env=env,
+            return_result=rank == 0 or launch["return_all"],
+            progress_render=launch["render"],
+            progress_scope=launch["scope"],
+            metrics=launch["metrics"],
+            init_process_group=init_process_group,
+        )
+
 
 @dataclasses.dataclass
 class RankEnd:
