@@ -51,8 +51,8 @@ class _Asker:
     def ask(self, prompt: str, password: bool) -> str:
         with self.lock:
             rid = next(self.ids)
-            pos = rank_streams.positions()  # the prompt comes after everything printed so far
-            self.events.send("input_request", {"id": rid, "prompt": prompt, "password": password, "pos": pos})
+            # the prompt comes after everything printed so far
+            rank_streams.send_marked(self.events, "input_request", {"id": rid, "prompt": prompt, "password": password})
             reply = self._wait(rid)
         if "error" in reply:
             raise _rebuild(reply["error"])
