@@ -134,8 +134,8 @@ class ElasticEngine(Engine):
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
         self.req, self.plan, self.log_dir = req, plan, log_dir
-        # tqdm text bars (teed by torch like the rest of the output) until prepare() reaches the store
-        # that carries the ranks' events to this cell
+        # what this kernel draws: widgets once prepare() has reached the store that carries the ranks'
+        # events to this cell (machine 0's), else the ranks' text
         self.render, self.wanted_render = "text", render
         self.n = plan.processes_per_machine
         self.first_rank = plan.machine_rank * self.n
@@ -206,10 +206,13 @@ class ElasticEngine(Engine):
         from torch.distributed.launcher.api import elastic_launch
 
         plan, req = self.plan, self.req
+        ranks_render = self.wanted_render if self.events.delivers or plan.machine_rank else "text"
         base = {
             "env": dict(plan.base_env),
             "stdio_from_kernel": plan.start_method == "fork",
-            "launch": {**launch_settings(plan, self.render, req.return_all), "return_all": True},
+            # the ranks' bars travel as events wherever machine 0's cell may draw them; only machine 0 without
+            # the store keeps tqdm text bars (teed by torch like the rest of the output)
+            "launch": {**launch_settings(plan, ranks_render, req.return_all), "return_all": True},
             "endpoint": (plan.main_process_ip, plan.rdzv_port),
             "run": self.run_id,
         }
