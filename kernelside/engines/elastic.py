@@ -36,6 +36,7 @@ import threading
 
 import cloudpickle
 
+from ..errors import LaunchError
 from ..launch import warmup
 from ..launch.report import ExitStatus
 from ..worker.lifecycle import RankSpec, run_rank
@@ -158,6 +159,7 @@ class ElasticEngine(Engine):
         self.told = False  # the end has been given to the recorder
         self.stopping = False
         self.agent_level = None
+        self.handlers: dict = {}  # the kernel's SIGTERM / SIGHUP handlers, while ours stand in
 
     @property
     def run_id(self) -> str:
@@ -235,6 +237,16 @@ class ElasticEngine(Engine):
 
         self.thread = threading.Thread(target=run, name="nblaunch-elastic-agent", daemon=True)
         self.thread.start()
+        if threading.current_thread() is threading.main_thread():
+            # as torch's agent does in a main thread: a kernel told to end stops its workers first
+            for sig in (signal.SIGTERM, signal.SIGHUP):
+                self.handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _on_signal(self, signum, frame) -> None:
+        self.stopping = True
+        raise LaunchError(
+            f"nblaunch: the launch was stopped by {signal.Signals(signum).name}; every local worker was stopped."
+        )
 
     def poll(self, recorder, wait_s: float) -> bool:
         if self.told:
@@ -255,14 +267,28 @@ class ElasticEngine(Engine):
         self.stopping = True
         self._signal_workers(signal.SIGTERM)
 
-    def _signal_workers(self, sig: int) -> None:
+    def _worker_pids(self) -> list[int]:
+        """This machine's workers that are still running: the pids they wrote, each proven to be a child of
+        this kernel (torch's agent runs in it) before it is signalled, so a reused pid is never hit."""
+        pids = []
         for path in glob.glob(os.path.join(self.error_dir, "rank*.pid")):
             try:
                 with open(path) as fh:
                     pid = int(fh.read())
+                with open(f"/proc/{pid}/stat") as fh:
+                    ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
+            except (ValueError, OSError, IndexError):
+                continue  # not written yet, or already gone
+            if ppid == os.getpid():
+                pids.append(pid)
+        return pids
+
+    def _signal_workers(self, sig: int) -> None:
+        for pid in self._worker_pids():
+            try:
                 os.kill(pid, sig)
-            except (ValueError, OSError):
-                pass  # not written yet, or already gone
+            except OSError:
+                pass
 
     def _tell_end(self, recorder) -> None:
         from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -297,13 +323,18 @@ class ElasticEngine(Engine):
             self.stop()
             self.thread.join(grace)
             waited = 0.0
-            while self.thread.is_alive() and waited < JOIN_S:  # what ignored SIGTERM is killed
+            # what ignored SIGTERM is killed; an agent with no worker (still in the rendezvous) is not waited
+            # for: it gives up at torch's rendezvous timeout, in its daemon thread
+            while self.thread.is_alive() and waited < JOIN_S and self._worker_pids():
                 self._signal_workers(signal.SIGKILL)
                 self.thread.join(0.2)
                 waited += 0.2
             if recorder is not None and not self.thread.is_alive() and not self.told:
                 self._tell_end(recorder)
         _launching[0] = False
+        for sig, handler in self.handlers.items():
+            signal.signal(sig, handler)
+        self.handlers = {}
         if self.agent_level is not None:
             logging.getLogger("torch.distributed.elastic").setLevel(self.agent_level)
             self.agent_level = None

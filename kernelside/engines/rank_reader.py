@@ -115,7 +115,8 @@ class RankReader:
             return
         for s in STREAMS:
             self._catch_up(s, mark)
-        self.items.append(("event", kind, payload))
+        if kind != "mark":  # (a bare mark: the rank's event could not be sent; only the text moves on)
+            self.items.append(("event", kind, payload))
         self.released = max(self.released, mark)
         for s in STREAMS:
             if self.blocked[s] is not None and self.blocked[s] <= self.released:

@@ -70,7 +70,11 @@ def send_marked(events, kind: str, payload: dict) -> None:
                 os.write(fd, mark)  # a few bytes: one atomic write into the pipe
             except OSError:
                 pass  # fd closed by user code: the kernel then shows the event without waiting for the mark
-        events.send(kind, {**payload, "mark": n})
+        try:
+            events.send(kind, {**payload, "mark": n})
+        except BaseException:
+            events.send("mark", {"mark": n})  # (it could not be pickled) the text after the mark is not held
+            raise
 
 
 def _flush() -> None:
