@@ -287,7 +287,8 @@ class RayEngine(Engine):
             ray.get(self.fit)
         except BaseException as e:  # noqa: B036 - the recorder reports it, as a WorkerError
             self._drain(recorder)
-            recorder.engine_failed(f"Ray Train failed: {type(e).__name__}: {e}")
+            if self.stop_t is None:  # (else it is our own cancel, after a failure, the timeout or Ctrl-C)
+                recorder.engine_failed(f"Ray Train failed: {type(e).__name__}: {e}")
             return True
         self._drain(recorder)
         for rr in recorder.report.ranks:
@@ -301,8 +302,10 @@ class RayEngine(Engine):
         if self.fit is not None:
             if not ray.wait([self.fit], timeout=0)[0]:
                 self.stop()
-                # a graceful cancel frees Ray Train's placement group for the next launch: give it time
-                if not ray.wait([self.fit], timeout=max(grace, CANCEL_WAIT_S))[0]:
+                # a graceful cancel frees Ray Train's placement group for the next launch: give it time,
+                # CANCEL_WAIT_S from the cancel (part of it may have passed in run_engine's grace already)
+                left = max(grace, CANCEL_WAIT_S - (time.monotonic() - self.stop_t))
+                if not ray.wait([self.fit], timeout=max(0.0, left))[0]:
                     ray.cancel(self.fit, force=True, recursive=True)  # kills Ray Train's controller and workers
                     ray.wait([self.fit], timeout=CANCEL_WAIT_S)
         if self.sink is not None:
