@@ -53,7 +53,7 @@ class LiveRunEngine:
 
     def start(self, recorder) -> None:
         workers = self.session.world.group.workers
-        recorder.add_ranks((w.rank, w.pid) for w in workers if w.rank in self.ranks)
+        recorder.add_ranks(((w.rank, w.pid) for w in workers if w.rank in self.ranks), request=self.req_id)
         recorder.report.session = self.label
         self.recorder = recorder
         if self.blob is not None:
