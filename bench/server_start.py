@@ -3,7 +3,8 @@ started with the extension and without it, interleaved, timed from ``Popen`` to 
 ``/api/status`` (the extensions load before the server listens, so their import is inside the time).
 
     python -m bench.server_start                       # this checkout, 3 starts of each
-    python -m bench.server_start --source /tmp/old     # another checkout of the repo (its code first on sys.path)
+    python -m bench.server_start --source /tmp/old --source .   # two checkouts (each one's code first on
+                                                                # sys.path), interleaved in one run
 
 After each start with the extension it also asks ``/nblaunch/config``, ``/nblaunch/runs`` and
 ``/nblaunch/hardware`` and reads the server's ``/proc/PID/maps``: the table says whether libtorch was
@@ -80,40 +81,43 @@ def start_once(source: str, with_extension: bool) -> tuple[float, bool | None]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--source", default=REPO, help="the checkout whose jupyter_ext and kernelside are measured")
+    ap.add_argument("--source", action="append", help="a checkout whose jupyter_ext and kernelside are measured")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="one start of each")
     ns = ap.parse_args()
+    sources = [os.path.abspath(p) for p in ns.source or [REPO]]
     repeat = 1 if ns.quick else ns.repeat
-    times: dict[bool, list[float]] = {True: [], False: []}
-    mapped = []
-    start_once(ns.source, False)  # warm the page cache for both: the first start of a day is not the question
+    times = {(src, ext): [] for src in sources for ext in (True, False)}
+    mapped: dict[str, list[bool]] = {src: [] for src in sources}
+    start_once(sources[0], False)  # warm the page cache: the first start of a day is not the question
     for i in range(repeat):
-        for with_ext in (i % 2 == 0, i % 2 != 0):  # interleaved, alternating which goes first
-            elapsed, torch_mapped = start_once(ns.source, with_ext)
-            times[with_ext].append(elapsed)
+        order = list(times)
+        order = order[i % len(order) :] + order[: i % len(order)]  # interleaved, rotating which goes first
+        for src, with_ext in order:
+            elapsed, torch_mapped = start_once(src, with_ext)
+            times[(src, with_ext)].append(elapsed)
             if torch_mapped is not None:
-                mapped.append(torch_mapped)
-            note(f"{'with' if with_ext else 'without'} the extension: {elapsed:.2f} s")
-    with_s, without_s = statistics.median(times[True]), statistics.median(times[False])
-    commit = subprocess.run(["git", "-C", ns.source, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    text = "\n".join(
-        [
-            f"# jupyter server start-up, with and without nblaunch's extension ({machine('CPU')})",
-            f"source: {ns.source} (commit {commit.stdout.strip() or 'not a git checkout'}); "
-            f"command: python -m bench.server_start {' '.join(sys.argv[1:])}",
-            "",
-            "| server | median of starts (s) | starts (s) |",
-            "|---|---|---|",
-            f"| without the extension | {without_s:.2f} | {', '.join(f'{t:.2f}' for t in times[False])} |",
-            f"| with the extension | {with_s:.2f} | {', '.join(f'{t:.2f}' for t in times[True])} |",
-            "",
-            f"ratio with/without: {with_s / without_s:.2f}x; libtorch mapped in the server after the three "
-            f"routes: {'yes' if any(mapped) else 'no'}",
-            "",
-        ]
-    )
-    write_result("server_start" + ("-before" if ns.source != REPO else ""), ns.quick, text)
+                mapped[src].append(torch_mapped)
+            note(f"{src} {'with' if with_ext else 'without'} the extension: {elapsed:.2f} s")
+    lines = [
+        f"# jupyter server start-up, with and without nblaunch's extension ({machine('CPU')})",
+        f"command: python -m bench.server_start {' '.join(sys.argv[1:])}; until /api/status answers, "
+        f"median of {repeat} starts each, interleaved",
+        "",
+        "| code | without the extension (s) | with it (s) | ratio | libtorch mapped after the 3 routes |",
+        "|---|---|---|---|---|",
+    ]
+    for src in sources:
+        head = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
+        without_s, with_s = statistics.median(times[(src, False)]), statistics.median(times[(src, True)])
+        each = [", ".join(f"{t:.2f}" for t in times[(src, ext)]) for ext in (False, True)]
+        starts = " / ".join(each)
+        lines.append(
+            f"| {src} ({head.stdout.strip()[:60] or 'not a git checkout'}) | {without_s:.2f} | {with_s:.2f} | "
+            f"{with_s / without_s:.2f}x | {'yes' if any(mapped[src]) else 'no'} |"
+        )
+        lines.append(f"| (each start, without / with) | {starts} | | | |")
+    write_result("server_start", ns.quick, "\n".join(lines) + "\n")
     return 0
 
 

@@ -86,6 +86,11 @@ class RunRecorder:
         first = RankState.BUSY if request else RankState.STARTING
         self.report.ranks = [RankReport(rank=r, pid=pid, log_path=paths.get(r, ""), state=first) for r, pid in ranks]
 
+    def rank_state(self, rank: int) -> RankState | None:
+        """Rank ``rank``'s state as this recorder decided it (None: not a rank of this run)."""
+        rr = self._rank(rank)
+        return None if rr is None else rr.state
+
     @property
     def stopping(self) -> bool:
         return self.stopping_since is not None
