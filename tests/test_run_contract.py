@@ -159,6 +159,7 @@ def test_live_ranks_go_busy_then_back_to_idle_whatever_the_outcome_and_dead_when
     cell = _recorder(n=2)
     cell.add_ranks([(0, 100), (1, 101)], request=3)
     assert _states(cell) == [RankState.BUSY] * 2
+    cell.event(0, "done", {"t": 0.9})  # its code returned: busy until it is back
     cell.event(1, "error", _error(1))  # the cell failed on rank 1: it keeps its state and comes back
     cell.event(1, "idle", {"cell": 2, "t": 1.0})  # a late idle of an earlier request changes nothing
     assert _states(cell) == [RankState.BUSY] * 2

@@ -114,7 +114,8 @@ class RunRecorder:
         elif kind == "done":
             if rr is not None:
                 rr.done_s = self._since(payload)
-                self._move(rr, RankState.DONE)
+                if self.request is None:  # (a live rank's code returned: it is busy until back to idle)
+                    self._move(rr, RankState.DONE)
             if self.gpu is not None:
                 self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
         elif kind == "result":
