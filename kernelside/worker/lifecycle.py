@@ -33,6 +33,7 @@ from . import (
     rank_identity,
     rank_stdin,
     sharded_results,
+    stack_signal,
 )
 from .context import stamp
 from .results import dumps_result, unwrap_for_return
@@ -55,6 +56,7 @@ class RankSpec:
     progress_scope: str = "rank0"
     metrics: str = "on"  # "on": the frameworks' loggers feed log_metrics() (metric_capture.py)
     init_process_group: bool = True  # False where the engine (Ray Train) sets the process group up
+    stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_signal.py); "" for none
 
 
 @dataclasses.dataclass
@@ -156,6 +158,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
 
     phase = "startup"
     try:
+        stack_signal.install(spec.stacks_file)  # first: a rank stuck in its start-up can be asked where it is
         os.environ.update(spec.env)
         if threading.current_thread() is threading.main_thread():  # (Ray Train runs ranks in a thread)
             signal.signal(signal.SIGINT, signal.default_int_handler)
