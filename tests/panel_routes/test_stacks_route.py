@@ -86,3 +86,36 @@ async def test_stacks_of_a_run_whose_kernel_is_gone_say_so_and_signal_nothing(jp
     finally:
         os.close(fd)
     assert code == 409 and "no control socket" in answer["message"]
+
+
+async def test_stacks_of_an_idle_live_session_show_each_rank_waiting_for_its_next_cell(jp_fetch, run_base):  # noqa: F811
+    env = dict(os.environ, TMPDIR=str(run_base.parent))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    env.pop("NBLAUNCH_CONFIG", None)
+    owner = subprocess.Popen(
+        [sys.executable, str(Path(__file__).with_name("live_owner.py"))],
+        cwd=run_base.parent,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
+        t0 = time.monotonic()
+        code, answer = await fetch(jp_fetch, state["id"], "stacks")
+        assert code == 200, answer
+        assert time.monotonic() - t0 < 1.0
+        assert [(r["rank"], r["answered"], r["collective"]) for r in answer["ranks"]] == [
+            (0, True, None),
+            (1, True, None),
+        ]
+        assert all(any(f["file"].endswith("live_rank.py") for f in r["frames"]) for r in answer["ranks"])
+        out, _ = owner.communicate("", timeout=30)
+        assert "DONE" in out and owner.returncode == 0, out
+    finally:
+        if owner.poll() is None:
+            os.killpg(owner.pid, signal.SIGKILL)  # the session this test started, by its id
+            owner.communicate(timeout=30)
