@@ -108,6 +108,7 @@ class LocalEngine:
                 progress_render=self.render,
                 progress_scope=plan.progress,
                 metrics=plan.metrics,
+                leaves_with_exit=True,  # worker/entry.py: os._exit, no destructor runs
                 stacks_file=stacks_path(self.log_dir, r),
             )
             for r in range(plan.num_processes)

@@ -34,6 +34,7 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _C10D = os.sep + os.path.join("torch", "distributed", "distributed_c10d.py")
 _CELL = "<%%distributed cell "
+_LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
 
 
 @dataclasses.dataclass
@@ -131,7 +132,7 @@ def parse_dump(text: str, main: str, label=None) -> dict:
         if m and current is not None:
             lineno = int(m.group(2)) if m.group(2).isdigit() else None
             current.append(_frame(m.group(1), lineno, m.group(3), label))
-    frames = list(reversed(threads.pop(main, [])[:MAX_FRAMES]))
+    frames = _from_user_code(list(reversed(threads.pop(main, [])[:MAX_FRAMES])))
     collective = next((f["function"] for f in reversed(frames) if _is_collective(f)), None)
     user = [f for f in frames if f["user"]]
     where = user[-1]["where"] if user else (frames[-1]["where"] if frames else None)
@@ -176,6 +177,13 @@ def _frame(filename: str, lineno: int | None, function: str, label) -> dict:
         "where": where,
         "user": not library and not nblaunch,
     }
+
+
+def _from_user_code(frames: list[dict]) -> list[dict]:
+    """Below the rank's ``run_work`` are nblaunch's and, for a forked rank, the kernel's own frames
+    (the cell that called notebook_launcher): not where the rank is. Cut them off."""
+    starts = [i for i, f in enumerate(frames) if f["function"] == "run_work" and f["file"].endswith(_LIFECYCLE)]
+    return frames[starts[-1] + 1 :] if starts and starts[-1] + 1 < len(frames) else frames
 
 
 def _cell_place(filename: str, lineno: int | None) -> str | None:
