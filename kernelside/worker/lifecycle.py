@@ -30,6 +30,7 @@ from . import (
     group_owner,
     metric_capture,
     progress,
+    rank_debugger,
     rank_departure,
     rank_display,
     rank_identity,
@@ -166,6 +167,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         main = sys.modules.get("__main__")
         own_destroy = spec.leaves_with_exit and spec.init_process_group
         group_owner.take_over(list(namespaces) + ([vars(main)] if main is not None else []), own_destroy)
+        rank_debugger.install_distributed_breakpoint()  # torch's reads /dev/stdin: any rank, from the cell
         progress.install_in_worker()
         metric_capture.install_in_worker(spec.metrics == "on")
         return None
