@@ -103,3 +103,21 @@ def test_debug_after_any_other_exception_is_ipythons_own(kernel):
     debug = kernel.run("%debug", on_input=_answers("p local", "q"), timeout=30).ok()
     assert [r["prompt"] for r in debug.input_requests] == ["ipdb> "] * 2
     assert "41" in debug.stdout
+
+
+def test_breakpoint_on_rank_1_in_a_live_cell_prompts_and_the_ranks_keep_their_state(kernel):
+    kernel.run("%distributed_start -n 2").ok()
+    try:
+        kernel.run("%%distributed\nkept = 100 + rank").ok()
+        cell = kernel.run(
+            "%%distributed\nif rank == 1:\n    breakpoint()\n    seen = kept\nimport torch.distributed as dist\n"
+            "dist.barrier()\n",
+            on_input=_answers("p kept", "c"),
+            timeout=90,
+        ).ok()
+        assert [r["prompt"] for r in cell.input_requests] == ["(rank 1) (Pdb) "] * 2
+        assert "101" in cell.stdout.splitlines()
+        after = kernel.run("%%distributed --return kept\nkept").ok()
+        assert after.result["text/plain"] == "100"
+    finally:
+        kernel.run("%distributed_stop").ok()
