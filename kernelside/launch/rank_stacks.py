@@ -34,6 +34,7 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _C10D = os.sep + os.path.join("torch", "distributed", "distributed_c10d.py")
 _CELL = "<%%distributed cell "
+_NBLAUNCH = os.sep + "kernelside" + os.sep
 _LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
 
 
@@ -169,7 +170,7 @@ def _frame(filename: str, lineno: int | None, function: str, label) -> dict:
         where = _cell_place(filename, lineno) or f"{filename}:{lineno}"
     where += f" in {function}"
     library = any(part in filename for part in ("site-packages", "dist-packages", "/lib/python", "<frozen"))
-    nblaunch = os.sep + "kernelside" + os.sep in filename
+    nblaunch = _NBLAUNCH in filename
     return {
         "file": filename,
         "line": lineno,
@@ -183,7 +184,12 @@ def _from_user_code(frames: list[dict]) -> list[dict]:
     """Below the rank's ``run_work`` are nblaunch's and, for a forked rank, the kernel's own frames
     (the cell that called notebook_launcher): not where the rank is. Cut them off."""
     starts = [i for i, f in enumerate(frames) if f["function"] == "run_work" and f["file"].endswith(_LIFECYCLE)]
-    return frames[starts[-1] + 1 :] if starts and starts[-1] + 1 < len(frames) else frames
+    if not starts or starts[-1] + 1 >= len(frames):
+        return frames
+    rest = frames[starts[-1] + 1 :]
+    while len(rest) > 1 and _NBLAUNCH in rest[0]["file"]:  # the cell's runner (notebook/cell.py)
+        rest = rest[1:]
+    return rest
 
 
 def _cell_place(filename: str, lineno: int | None) -> str | None:

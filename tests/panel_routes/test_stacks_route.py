@@ -66,9 +66,8 @@ async def test_stacks_name_the_barrier_rank_1_waits_in_and_rank_0s_line_within_1
     assert [f["function"] for f in r1["frames"] if f["user"]][-1] == "stuck_in_barrier"
     assert "stacks_owner.py" in r1["where"] and r1["where"].endswith("in stuck_in_barrier")
     assert r0["collective"] is None and r0["where"].endswith("in wait_for_release")
-    assert (
-        r0["frames"][-1]["function"] == "wait_for_release" and r0["frames"][0]["function"] == "ranks"
-    )  # from the launched function on
+    # from the launched function on (the frame below may be os.path.exists, a library's)
+    assert [f["function"] for f in r0["frames"] if f["user"]] == ["ranks", "wait_for_release"]
     assert process.poll() is None, "asking for stacks must not disturb the run"
     code, again = await fetch(jp_fetch, run_id, "stacks")  # each request gets its own dump
     assert code == 200 and again["ranks"][1]["collective"] == "barrier"
