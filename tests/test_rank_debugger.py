@@ -121,3 +121,15 @@ def test_breakpoint_on_rank_1_in_a_live_cell_prompts_and_the_ranks_keep_their_st
         assert after.result["text/plain"] == "100"
     finally:
         kernel.run("%distributed_stop").ok()
+
+
+def test_q_in_torch_distributed_breakpoint_on_rank_1_stops_the_launch_naming_the_rank(kernel):
+    cell = kernel.run(
+        "%%distributed -n 2\nimport torch.distributed as dist\ndist.breakpoint(rank=1)\nprint('not reached')\n",
+        on_input=_answers("q"),
+        timeout=90,
+    )
+    assert cell.error is not None
+    text = "\n".join(cell.error["traceback"])
+    assert "the debugger on rank 1 was quit (q); the launch was stopped on every rank" in text
+    assert "not reached" not in cell.stdout

@@ -88,6 +88,7 @@ def install_distributed_breakpoint() -> None:
 
     def breakpoint(rank: int = 0, skip: int = 0, timeout_s=3600):
         """Stop rank ``rank`` in the debugger (in the cell); every other rank waits for it without timing out."""
+        import bdb
         import pdb
         import traceback
 
@@ -104,6 +105,8 @@ def install_distributed_breakpoint() -> None:
                 debugger.message(f"torch.distributed.breakpoint(rank={rank}): every other rank waits; c continues all")
                 debugger.reset()
                 debugger.interaction(caller, None)  # look around in the caller's frame; c / n / s leave
+                if debugger.quitting:  # q: the launch stops, as q in any rank's debugger does
+                    raise bdb.BdbQuit
             dist.barrier()
         finally:
             for group, timeout in kept.items():
