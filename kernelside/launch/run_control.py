@@ -30,9 +30,8 @@ import socket
 import struct
 import threading
 
-from . import rank_stacks
-
 from ..run_contract import CONTROL_SOCKET  # the run folder's contract: the server connects by this name
+from . import rank_stacks
 
 STOPPED_MESSAGE = "the run was stopped from the launch panel (Stop): every rank was stopped and nothing is left running"
 MAX_REQUEST_BYTES = 4096
