@@ -20,6 +20,7 @@ import socket
 from ..launch import warmup
 from ..worker.entry import Payload
 from ..worker.lifecycle import RankSpec
+from ..worker.stack_signal import stacks_path
 from .contract import Engine, launch_settings
 from .local_group import WorkerGroup
 from .local_loop import EventLoop
@@ -100,6 +101,8 @@ class LocalEngine(Engine):
                 world_size=plan.num_processes,
                 device=plan.device_for(r),
                 env={**plan.env_for(r, self.port), **extra},
+                leaves_with_exit=True,  # worker/entry.py: os._exit, no destructor runs
+                stacks_file=stacks_path(self.log_dir, r),
             )
             for r in range(plan.num_processes)
         ]

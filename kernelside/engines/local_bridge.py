@@ -25,7 +25,8 @@ class NotebookBridge:
 
     def __init__(self, recorder):
         self.rich = CellRichOutput(recorder.router)
-        self.stdin = StdinRelay()
+        self.rec = recorder
+        self.stdin = StdinRelay(show_text=self._show_debugger_text)
 
     @property
     def wake_fd(self) -> int:
@@ -43,6 +44,13 @@ class NotebookBridge:
 
     def on_wake(self) -> None:
         self.stdin.on_wake()
+
+    def _show_debugger_text(self, text: str) -> None:
+        """(the stdin relay's thread) A rank's debugger text, in the cell just before its prompt."""
+        sink = self.rec.router.sinks["stdout"] if self.rec.router is not None else None
+        if sink is not None:
+            sink.write(text if text.endswith("\n") else text + "\n")
+            sink.flush()
 
     def tick(self) -> None:
         self.rich.tick()
