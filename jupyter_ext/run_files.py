@@ -126,7 +126,7 @@ class RunDir:
         data = data[: _complete_utf8(data)]  # a character cut at the end comes whole with the next read
         return {"text": data.decode("utf-8", errors="replace"), "start": start, "end": start + len(data), "size": size}
 
-    def request(self, payload: dict, timeout: float) -> dict:
+    def request(self, payload: dict, timeout: float, max_bytes: int = 65536) -> dict:
         """Send one JSON line to the run's control socket and return its one-line JSON answer.
 
         Raises ``RunFileError(409)`` when nothing listens there (the run's kernel is gone or done).
@@ -146,8 +146,8 @@ class RunDir:
                 s.connect(path)
                 s.sendall(json.dumps(payload).encode() + b"\n")
                 answer = b""
-                while b"\n" not in answer and len(answer) < 65536:
-                    chunk = s.recv(4096)
+                while b"\n" not in answer and len(answer) < max_bytes:
+                    chunk = s.recv(65536)
                     if not chunk:
                         break
                     answer += chunk

@@ -36,6 +36,8 @@ from .rank_resources import RankSampler
 from .run_files import RunDir, RunFileError
 
 STOP_TIMEOUT_S = 3.0
+STACKS_TIMEOUT_S = 0.9  # the kernel gives its ranks 0.5 s (kernelside/launch/rank_stacks.py): an answer within 1 s
+MAX_STACKS_BYTES = 4 << 20
 MAX_TAIL_LINES = 10000
 
 
@@ -151,6 +153,31 @@ class RunFolders:
         if not reply.get("ok"):
             raise PanelRequestError(409, f"{run_id}'s kernel refused Stop: {reply.get('message')}")
         return {"id": run_id, "stopping": True, "message": str(reply.get("message", ""))}
+
+    # -- stacks ---------------------------------------------------------------------------
+
+    def stacks(self, run_id) -> dict:
+        """Every rank's current Python stack, asked of the run's kernel (which alone signals its ranks).
+
+        ``{"id", "ranks": [{"rank", "answered", "frames", "collective", "where", "threads" | "reason"}]}``;
+        409 with the reason when the run has ended, has no owner, or its engine takes no requests.
+        """
+        with self._open(run_id) as d:
+            state = d.read_json(STATE_FILE)
+            summary = self._summary(d, state, d.in_use())
+            if not summary["live"]:
+                raise PanelRequestError(409, f"{run_id} is not running ({summary['state']}): no stacks to show")
+            if not state.get("control"):
+                raise PanelRequestError(
+                    409, f"{run_id} runs on the {summary['engine']} engine, which cannot show its ranks' stacks"
+                )
+            try:
+                reply = d.request({"op": "stacks"}, STACKS_TIMEOUT_S, max_bytes=MAX_STACKS_BYTES)
+            except RunFileError as e:
+                raise PanelRequestError(e.status, f"cannot get {run_id}'s stacks: {e}") from None
+        if not reply.get("ok") or not isinstance(reply.get("ranks"), list):
+            raise PanelRequestError(409, f"{run_id}'s kernel gave no stacks: {reply.get('message')}")
+        return {"id": run_id, "ranks": reply["ranks"]}
 
     def _open(self, run_id) -> RunDir:
         path = self._find(run_id)

@@ -165,3 +165,29 @@ export interface IStopResponse {
   stopping: boolean;
   message: string;
 }
+
+/** One frame of a rank's stack, outermost first; `where` is how a person reads it. */
+export interface IStackFrame {
+  file: string;
+  line: number | null;
+  function: string;
+  where: string;
+  /** Not torch's, nblaunch's or another library's: the user's own code. */
+  user: boolean;
+}
+
+/** One rank's answer: its main thread's frames and the collective it waits in, or why it gave none. */
+export interface IRankStack {
+  rank: number;
+  answered: boolean;
+  reason?: string;
+  frames?: IStackFrame[];
+  collective?: string | null;
+  where?: string | null;
+}
+
+/** GET /nblaunch/runs/{id}/stacks */
+export interface IStacksResponse {
+  id: string;
+  ranks: IRankStack[];
+}

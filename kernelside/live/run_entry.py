@@ -84,7 +84,7 @@ class LiveRunEntry:
                 rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
         self._write("starting" if self.engine is None or self.engine.req_id == 0 else "running", throttle=True)
 
-    def attach(self, sel, on_stop) -> None:
+    def attach(self, sel, on_stop, on_stacks=None) -> None:
         """The kernel loop's hook for a channel served from its selector: this one is served by its own thread."""
 
     def end(self, engine, report, is_cell: bool) -> None:
@@ -116,7 +116,7 @@ class LiveRunEntry:
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         try:
-            self.control.register(sel, self._on_stop)
+            self.control.register(sel, self._on_stop, self._stack_targets)
             sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
             while not self.ended:
                 for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
@@ -129,6 +129,14 @@ class LiveRunEntry:
         finally:
             sel.close()
             _close(self._quit_r, self._quit_w)
+
+    def _stack_targets(self) -> list:
+        """The live ranks to ask for stacks, between cells too; none while the world is being replaced."""
+        world = self.session.world
+        group = getattr(world, "group", None) if world is not None and not self.ended else None
+        if group is None or getattr(group, "closed", False):
+            return []
+        return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
     def _on_stop(self) -> bool:
         """From the control socket: True if this Stop began stopping the session."""
