@@ -141,7 +141,9 @@ def parse_dump(text: str, main: str, label=None) -> dict:
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:
-            current = threads.setdefault(m.group(2), [])
+            if m.group(2) in threads:
+                break  # a thread seen again: the dump of a request asked just after this one begins
+            current = threads[m.group(2)] = []
             continue
         m = _FRAME.match(line)
         if m and current is not None:
