@@ -2,9 +2,8 @@
 control socket, each opened relative to the folder's own descriptor with ``O_NOFOLLOW`` and
 closed before the request ends (the server holds no file of a run between requests).
 
-The names are the kernel side's contract (``kernelside/launch/run_state.py``, ``run_control.py``,
-``engine._run_log_dir``); the server extension imports only ``kernelside.config``, so they are
-repeated here and a test checks both sides agree.
+The names are the run folder's contract (``kernelside/run_contract.py``), which the kernel side
+writes by; it imports only the standard library, so reading a run never loads torch.
 
 Example::
 
@@ -21,10 +20,8 @@ import os
 import socket
 import stat
 
-# the run folder's contract is the kernel side's: these names are its (re-exported for the server)
-from kernelside.launch.run_control import CONTROL_SOCKET
-from kernelside.launch.run_dir import IN_USE_FILE
-from kernelside.launch.run_state import STATE_FILE
+# the run folder's contract (re-exported for the server's modules and tests)
+from kernelside.run_contract import CONTROL_SOCKET, IN_USE_FILE, STATE_FILE
 
 __all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError"]
 

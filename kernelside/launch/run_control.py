@@ -30,9 +30,9 @@ import socket
 import struct
 import threading
 
+from ..run_contract import CONTROL_SOCKET  # the run folder's contract: the server connects by this name
 from . import rank_stacks
 
-CONTROL_SOCKET = "control.sock"
 STOPPED_MESSAGE = "the run was stopped from the launch panel (Stop): every rank was stopped and nothing is left running"
 MAX_REQUEST_BYTES = 4096
 MAX_PENDING = 8  # connections that have not sent their request yet; beyond this the oldest is dropped

@@ -32,8 +32,10 @@ import threading
 import time
 
 from ..launch import rank_stacks
+from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
 from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
+from ..run_contract import FINAL_RUN_STATES, rank_log_name
 
 ENGINE = "local (live)"
 PANEL_STOPPED = (
@@ -208,22 +210,19 @@ class LiveRunEntry:
 
     def _ranks(self, state: str) -> list[dict]:
         world = self.session.world
-        busy = set(getattr(self.engine, "ranks", ())) if state == "running" else set()
         rec = getattr(self.engine, "recorder", None)
-        req_id = getattr(self.engine, "req_id", None)
+        in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []
         for wk in world.group.workers if world is not None else ():
             pid = wk.pid or None
             if pid not in self.writer.pid_starts:
                 self.writer.pid_starts[pid] = proc_start_time(pid)
-            if wk.status is not None or state in ("done", "stopped", "failed"):
-                rank_state = "dead"
-            elif state == "starting":
-                rank_state = "starting"
-            elif wk.rank in busy and not (rec is not None and rec.idle.get(wk.rank, {}).get("cell") == req_id):
-                rank_state = "busy"
-            else:
-                rank_state = "idle"
+            rank_state = live_rank_state(
+                process_ended=wk.status is not None,
+                session_over=state in FINAL_RUN_STATES,
+                starting=state == "starting",
+                in_request=in_request.get(wk.rank),
+            )
             rows.append(
                 {
                     "rank": wk.rank,
@@ -231,7 +230,7 @@ class LiveRunEntry:
                     "pid_start": self.writer.pid_starts[pid],
                     "state": rank_state,
                     "exit": wk.status.describe() if wk.status is not None else None,
-                    "log": f"rank{wk.rank}.log",
+                    "log": rank_log_name(wk.rank),
                     "gpu": None,
                 }
             )
