@@ -113,7 +113,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         req.fn = req.bind(plan)
     for notice in plan.notices:
         out.write(notice + "\n")
-    blob = _check_picklable(req) if plan.start_method == "spawn" else None
+    blob = _check_picklable(req) if plan.start_method in ("spawn", "forkserver") else None
     if not _launch_lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
@@ -138,7 +138,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,
-        start_method=plan.start_method,
+        start_method=getattr(engine, "start_method", plan.start_method),  # (forkserver may fall back to spawn)
         port=engine.port or 0,
         log_dir=log_dir,
         started_at=time.time(),
