@@ -153,7 +153,12 @@ class Template:
             for fd in fds:
                 os.close(fd)
             if message is None:
-                self.failure = self.failure or f"it ended ({_describe(self.proc.poll())})"
+                try:
+                    code = self.proc.wait(1.0)  # its socket closes as it exits
+                except subprocess.TimeoutExpired:
+                    code = None
+                when = "" if self.ready else " before it was ready"
+                self.failure = self.failure or f"it exited ({_describe(code)}){when}"
             elif message[0] == "ready":
                 self.ready = True
             elif message[0] == "exit":
