@@ -22,6 +22,7 @@ import time
 import cloudpickle
 
 from ..config import resolve_config
+from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
 from ..engines.table import engine_class
@@ -149,7 +150,9 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     router = None
     if engine.routes_output:
         router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
-    display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    # a live cell draws its display only once there is something to show (display/deferred_display.py)
+    make = deferred_run_display if getattr(engine, "defer_display", False) else make_run_display
+    display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
     recorder = RunRecorder(
         report,
         clock=engine.clock,
