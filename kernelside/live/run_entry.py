@@ -40,9 +40,6 @@ PANEL_STOPPED = (
     "and nothing is left running."
 )
 NEXT_CELL = "The next %%distributed cell runs one-shot; start a new live session with %distributed_start."
-# A cell shorter than this never shows "running": the Runs view polls less often than that, so writing
-# state.json twice for it would cost every quick cell two file replacements that nobody reads.
-RUNNING_AFTER_S = 0.25
 STOP_REPLY = "stopping the live session: its ranks get SIGTERM now, SIGKILL after a short grace"
 
 
@@ -62,7 +59,6 @@ class LiveRunEntry:
         self.stop_asked = threading.Event()
         self.cells = 0
         self.engine = None  # the request running now (a LiveRunEngine), None between requests
-        self.began = 0.0  # when it began (monotonic)
         self.last_cell: str | None = None  # the last cell's outcome: ok, failed, interrupted...
         self.ended = False
         self._write("starting")
@@ -76,9 +72,7 @@ class LiveRunEntry:
     def begin(self, engine) -> None:
         """A request starts on the ranks (main thread, holding the session's life lock)."""
         self.engine = engine
-        self.began = time.monotonic()
-        if engine.req_id == 0:
-            self._write("starting")
+        self._write("starting" if engine.req_id == 0 else "running")
 
     def tick(self, report) -> None:
         """The recorder's tick during a request: a Stop asked from the panel becomes the cell's Stop here."""
@@ -86,10 +80,7 @@ class LiveRunEntry:
         if self.stop_asked.is_set() and rec is not None and not rec.stopping:
             if rec.stop_requested():
                 rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
-        if self.engine is None or self.engine.req_id == 0:
-            self._write("starting", throttle=True)
-        elif time.monotonic() - self.began >= RUNNING_AFTER_S:
-            self._write("running", throttle=True)
+        self._write("starting" if self.engine is None or self.engine.req_id == 0 else "running", throttle=True)
 
     def attach(self, sel, on_stop) -> None:
         """The kernel loop's hook for a channel served from its selector: this one is served by its own thread."""
