@@ -140,6 +140,17 @@ def main() -> int:
         time.sleep(0.05)
     left = descendants()
     stop_tree()
+    before_trip = None
+    if a.before:
+        note(f"live round trip on {a.before}")
+        k = start_kernel(pythonpath=a.before)
+        try:
+            _timed(k, "%load_ext kernelside")
+            before_trip = live_round_trip(k, cells)
+        finally:
+            k.shutdown()
+        time.sleep(2.0)
+        stop_tree()
     note("%load_ext kernelside")
     load_ext = load_ext_seconds(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     before = load_ext_seconds(a.before) if a.before else None
@@ -169,6 +180,16 @@ def main() -> int:
         "",
         *trip,
         "",
+        *(
+            [
+                f"The same on `{a.before}` (the code before this change), in a kernel of its own right after:",
+                "",
+                *before_trip,
+                "",
+            ]
+            if before_trip
+            else []
+        ),
         f"`%load_ext kernelside` (torch already imported), median of 3 fresh kernels: {load_ext:.3f} s"
         + (f", {before:.3f} s for `{a.before}`." if before is not None else "."),
     ]

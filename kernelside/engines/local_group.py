@@ -226,12 +226,19 @@ class WorkerGroup:
     def _reap(self, w: Worker) -> None:
         if w.reaped:
             return
-        if w.template is not None:  # not our child: the template reads its status and reaps it
-            if w.pidfd is not None and w.status is None:
-                select.select([w.pidfd], [], [], 5.0)  # SIGKILLed by close(): ends at once
-            self.poll(w)
-            w.template.release(w.pid)
-        while w.template is None:
+        if w.template is not None:
+            self._release_from_template(w)
+        else:
+            self._wait_child(w)
+        if w.popen is not None:
+            w.popen.returncode = w.status.exitcode if w.status and w.status.exitcode is not None else -1
+        w.reaped = True
+        _close_quietly(*w.pipes.read_ends())
+        if w.pidfd is not None:
+            _close_quietly(w.pidfd)
+
+    def _wait_child(self, w: Worker) -> None:
+        while True:
             try:
                 _, raw = os.waitpid(w.pid, 0)
                 if w.status is None:
@@ -240,17 +247,18 @@ class WorkerGroup:
                         if os.WIFEXITED(raw)
                         else ExitStatus(None, os.WTERMSIG(raw))
                     )
-                break
+                return
             except ChildProcessError:
-                break
+                return
             except InterruptedError:
                 continue
-        if w.popen is not None:
-            w.popen.returncode = w.status.exitcode if w.status and w.status.exitcode is not None else -1
-        w.reaped = True
-        _close_quietly(*w.pipes.read_ends())
-        if w.pidfd is not None:
-            _close_quietly(w.pidfd)
+
+    def _release_from_template(self, w: Worker) -> None:
+        """A forkserver rank is the template's child, not ours: the template reads its status and reaps it."""
+        if w.pidfd is not None and w.status is None:
+            select.select([w.pidfd], [], [], 5.0)  # SIGKILLed by close(): it ends at once
+        self.poll(w)
+        w.template.release(w.pid)
 
 
 def _write_all(fd: int, data: bytes) -> None:
