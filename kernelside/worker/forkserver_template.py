@@ -49,11 +49,12 @@ def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
 
 
 def _warm_imports() -> None:
-    from ..launch import warmup
-    from . import entry, lifecycle, live_rank  # noqa: F401  (every rank runs these)
-
-    warmup.ensure()
     import cloudpickle  # noqa: F401
+
+    from . import entry, lifecycle, live_rank  # noqa: F401  (every rank runs these)
+    from .warm_imports import import_rank_modules
+
+    import_rank_modules()  # what the kernel's warm-up imports for forked ranks
 
 
 class _Template:
