@@ -183,7 +183,11 @@ _registry: dict = {"template": None, "broken": None}
 
 
 def prestart() -> None:
-    """Start the template in the background now, so that the first launch that needs it finds it ready."""
+    """Start the template in the background now, so that the first launch that needs it finds it ready.
+
+    >>> prestart(); running_template().pid > 0      # doctest: +SKIP
+    True
+    """
     if _registry["template"] is None and _registry["broken"] is None:
         try:
             _registry["template"] = Template.start()
@@ -195,6 +199,8 @@ def prestart_if_useful() -> None:
     """After ``%load_ext kernelside``: start the template in the background on a machine with an NVIDIA GPU,
     where CUDA may well be initialized in the kernel before a launch (and ``auto`` then uses the template).
     Without one, CUDA can never be initialized here, so the template starts only when a launch asks for it.
+
+    >>> prestart_if_useful()      # after the cell that loaded kernelside   # doctest: +SKIP
     """
     try:
         has_gpu = bool(os.listdir(_NVIDIA_GPUS))
@@ -208,13 +214,21 @@ _NVIDIA_GPUS = "/proc/driver/nvidia/gpus"  # one folder per GPU the driver sees;
 
 
 def running_template() -> Template | None:
-    """This kernel's template if one was started (tests and the bench read its pid)."""
+    """This kernel's template if one was started (tests and the bench read its pid).
+
+    >>> running_template() is None      # before any launch asked for it, without a GPU   # doctest: +SKIP
+    True
+    """
     return _registry["template"]
 
 
 def template_for_launch(out) -> Template | None:
     """A ready template for a launch, or None: the launch uses spawn. A template that died is replaced,
-    and a template that cannot start means spawn from now on; each is said once, on ``out``."""
+    and a template that cannot start means spawn from now on; each is said once, on ``out``.
+
+    >>> t = template_for_launch(sys.stdout)      # doctest: +SKIP
+    >>> method = "forkserver" if t is not None else "spawn"
+    """
     if _registry["broken"] is not None:
         return None
     t = _registry["template"]
