@@ -63,6 +63,8 @@ class Engine(abc.ABC):
     #: how the ranks draw progress: "widgets" (events the kernel draws in the cell) or "text" (tqdm text
     #: bars in their output); settled by ``prepare()`` at the latest
     render = "text"
+    #: True: the run's widgets appear only once there is something to show (a live cell: quick cells draw none)
+    defer_display = False
 
     def prepare(self) -> int | None:
         """Before the report exists: what ranks need from the kernel first; returns the rendezvous port."""

@@ -22,6 +22,7 @@ import time
 import cloudpickle
 
 from ..config import resolve_config
+from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
 from ..engines.table import engine_class
@@ -113,7 +114,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         req.fn = req.bind(plan)
     for notice in plan.notices:
         out.write(notice + "\n")
-    blob = _check_picklable(req) if plan.start_method == "spawn" else None
+    blob = _check_picklable(req) if plan.start_method in ("spawn", "forkserver") else None
     if not _launch_lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
@@ -141,7 +142,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,
-        start_method=plan.start_method,
+        start_method=plan.start_method,  # (the engine says so in start() when it fell back)
         port=port or 0,
         log_dir=log_dir,
         started_at=time.time(),
@@ -152,7 +153,9 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     router = None
     if engine.log_tails is None:
         router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
-    display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    # a live cell draws its display only once there is something to show (display/deferred_display.py)
+    make = deferred_run_display if engine.defer_display else make_run_display
+    display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
     recorder = RunRecorder(
         report,
         clock=engine.clock,

@@ -35,6 +35,7 @@ class LiveRunEngine(Engine):
     """The engine contract over a live session's ranks, for one request."""
 
     stop_grace_s = SETTLE_S  # (run_engine's deadline is the plan's timeout, the session's or the cell's)
+    defer_display = True  # a quick cell opens no widget (launch.engine.run_engine)
 
     def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
         """(``timeout`` is the plan's, which ``run_engine`` applies: accepted here for the session's calls.)"""

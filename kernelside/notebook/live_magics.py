@@ -148,7 +148,7 @@ class LiveMagics(Magics):
     @magic_arguments()
     @argument("-n", "--num-processes", type=int, default=None, help="Number of ranks (as for %%distributed).")
     @argument("--backend", default=None, help="auto | nccl | gloo.")
-    @argument("--start-method", default=None, help="auto | fork | spawn.")
+    @argument("--start-method", default=None, help="auto | fork | forkserver | spawn.")
     @argument("--mixed-precision", default=None, help="no | fp16 | bf16 | fp8.")
     @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
     @argument("--output", default=None, help="Whose output shows in the cells: rank0 | all | none.")

@@ -61,7 +61,7 @@ class DistributedMagics(Magics):
         help="Number of workers (default: from nblaunch.yaml, else one per GPU, or 2 without GPUs).",
     )
     @argument("--backend", default=None, help="auto | nccl | gloo (auto: nccl when each rank has its own GPU).")
-    @argument("--start-method", default=None, help="auto | fork | spawn (auto: fork unless CUDA is initialized here).")
+    @argument("--start-method", default=None, help="auto | fork | forkserver | spawn (see start_method).")
     @argument("--mixed-precision", default=None, help="no | fp16 | bf16 | fp8 (read by Accelerate in the workers).")
     @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
     @argument("--output", default=None, help="Whose output shows in the cell: rank0 | all | none.")
