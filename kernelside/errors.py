@@ -20,11 +20,14 @@ class _ShortTraceback:
 class LaunchConfigError(_ShortTraceback, ValueError):
     """A launch argument, magic flag or config value is invalid; nothing was started.
 
-    ``key``, ``value`` and ``allowed`` name the offending setting, ``path`` the file it came from.
+    ``key``, ``value`` and ``allowed`` name the offending setting, ``path`` the file it came from, ``source``
+    any other place it came from (``the flag --port``, ``notebook_launcher(use_port=...)``).
     """
 
-    def __init__(self, key, value, allowed, *, message: str | None = None, path: Path | None = None):
-        self.key, self.value, self.allowed, self.path = key, value, allowed, path
+    def __init__(
+        self, key, value, allowed, *, message: str | None = None, path: Path | None = None, source: str | None = None
+    ):
+        self.key, self.value, self.allowed, self.path, self.source = key, value, allowed, path, source
         self._message = message
         super().__init__()
 
@@ -37,7 +40,7 @@ class LaunchConfigError(_ShortTraceback, ValueError):
     def __str__(self):
         if self._message:
             return self._message
-        where = f" (in {self.path})" if self.path else ""
+        where = f" (in {self.path})" if self.path else f" (from {self.source})" if self.source else ""
         return f"invalid {self.key}={self.value!r}{where}: allowed is {self.allowed}. Nothing was started."
 
 

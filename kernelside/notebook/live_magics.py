@@ -53,6 +53,7 @@ def parse_ranks(spec: str | None, world: int) -> tuple[int, ...] | None:
 def check_cell_flags(session, args) -> None:
     """A per-cell flag that contradicts the session is an error that names both values; nothing runs."""
     given = config_arguments(
+        "flag",
         num_processes=args.num_processes,
         backend=args.backend,
         start_method=args.start_method,
@@ -121,6 +122,7 @@ def run_live_cell(shell, session, args, cell: str, return_names, return_from):
 def flag_arguments(args, **extra) -> dict:
     """The launch settings a %%distributed / %distributed_start line gave, under their schema names."""
     return config_arguments(
+        "flag",
         **extra,
         num_processes=args.num_processes,
         backend=args.backend,
