@@ -107,8 +107,8 @@ class LaunchStoppedError(WorkerError):
 
 
 class CellInterrupted(_ShortTraceback, KeyboardInterrupt):
-    """■ on a live session's cell: a KeyboardInterrupt whose message says what happened to the ranks
-    (IPython shows it at once, instead of formatting the stack of nblaunch's loop)."""
+    """■ during a run (a one-shot launch or a live session's cell): a KeyboardInterrupt whose message says what
+    happened to the ranks (IPython shows it at once, instead of formatting the stack of nblaunch's loop)."""
 
 
 # What the notebook shows as the error's name: it is a KeyboardInterrupt, and is caught as one.

@@ -25,7 +25,7 @@ from ..config import resolve_config
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
 from ..engines.table import engine_class
-from ..errors import LaunchConfigError, LaunchError
+from ..errors import CellInterrupted, LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware
 from .gpu_usage import sampler_for
@@ -170,9 +170,9 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
             display.show()
         engine.wait(recorder)
     except KeyboardInterrupt as e:
-        interrupted = e
+        # The stack of this loop is nblaunch's plumbing: the notebook shows one line saying what became of the ranks.
+        interrupted = e if isinstance(e, CellInterrupted) else CellInterrupted(_interrupted_message(report))
         recorder.interrupted()
-        raise
     finally:
         # (stopped from the panel: the engine's loop has given the ranks their grace already)
         grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
@@ -180,5 +180,15 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         recorder.close()
         if interrupted is not None:
             recorder.finish_interrupted(interrupted)
+    if interrupted is not None:
+        raise interrupted from None
     value, values = recorder.outcome(req.return_all)
     return LaunchOutcome(value, values, report)
+
+
+def _interrupted_message(report: LaunchReport) -> str:
+    """■ during a one-shot run: the ranks it stopped, and that nothing is left running (said once they are gone)."""
+    return (
+        f"the run was interrupted (■): its {report.world_size} ranks were stopped and nothing is left running. "
+        f"Logs of every rank: {report.log_dir}"
+    )

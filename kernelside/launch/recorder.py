@@ -156,7 +156,7 @@ class RunRecorder:
                 rank=None,
                 kind="timeout",
                 t=self.now(),
-                message=f"the run exceeded timeout={seconds:g}s and every rank was stopped",
+                message=f"the run exceeded timeout={seconds:g}s",
             ),
             outcome="timeout",
         )

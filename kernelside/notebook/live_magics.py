@@ -22,6 +22,7 @@ from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
 from ..live import registry as live
 from .cell import prepare_cell
+from .cell_label import cell_label
 
 # flags fixed for the whole session; a cell that gives another value is refused
 SESSION_FLAGS = {
@@ -106,7 +107,7 @@ def run_live_cell(shell, session, args, cell: str, return_names, return_from):
         return_from = chosen[0]  # the default follows the cell to the ranks it runs on
     if isinstance(return_from, int) and return_from not in chosen:
         raise LaunchConfigError("--return-from", return_from, f"one of the ranks the cell runs on: {chosen}")
-    program = prepare_cell(cell, cell_label=f"In[{shell.execution_count}]", line_offset=1, return_names=return_names)
+    program = prepare_cell(cell, cell_label=cell_label(shell), line_offset=1, return_names=return_names)
     senders = set(chosen) if return_from == "all" else {chosen[0], return_from}
     outcome = session.run_cell(
         program,

@@ -24,6 +24,7 @@ from ..launch.engine import last_report, launch
 from ..launch.request import LaunchRequest
 from ..live import registry as live_session
 from .cell import prepare_cell, ship_namespace
+from .cell_label import cell_label
 from .config_report import config_report
 from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
 from .live_magics import flag_arguments, run_live_cell
@@ -124,9 +125,7 @@ class DistributedMagics(Magics):
                 None,
                 message="--ranks needs a live session (%distributed_start): a one-shot cell runs on every rank.",
             )
-        program = prepare_cell(
-            cell, cell_label=f"In[{shell.execution_count}]", line_offset=1, return_names=return_names
-        )
+        program = prepare_cell(cell, cell_label=cell_label(shell), line_offset=1, return_names=return_names)
 
         def bind(plan):
             if isinstance(return_from, int) and return_from >= plan.num_processes:
@@ -140,7 +139,7 @@ class DistributedMagics(Magics):
             return program
 
         arguments = flag_arguments(args, engine=args.engine, metrics=args.metrics)
-        remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
+        remember_cell(CellRecord(cell, cell_label(shell), arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
         outcome = launch(req)
         results = outcome.values if req.return_all else [outcome.value]
