@@ -18,7 +18,7 @@ import time
 from tqdm import std as tqdm_std
 
 from .metrics_chart import MetricsChart, render_svg
-from .run_links import log_links_html
+from .run_links import log_links_html, run_link_html, run_name
 
 REDRAW_S = 0.1
 CHART_S = 0.5
@@ -48,6 +48,21 @@ def _fmt_time(s: float | None) -> str:
     if s is None or s != s or s == float("inf"):
         return "?"
     return tqdm_std.tqdm.format_interval(s)
+
+
+def fmt_elapsed(s: float) -> str:
+    """A run's duration as a person reads it: '0.42 s', '7.3 s', '48 s', then tqdm's '01:05'."""
+    if s < 1:
+        return f"{s:.2f} s"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    return _fmt_time(s)
+
+
+# What the status line says of a run that ended without its value: one word; the error box below says the rest.
+ENDED = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted (■)", "stopped": "stopped"}
 
 
 def bar_text(state: dict) -> str:
@@ -90,6 +105,9 @@ class RunDisplay:
         self.last_draw = 0.0
         self.last_chart = 0.0
         self.spare: list = []  # widgets of finished leave=False bars, ready for the next bar
+        self.ended: str | None = None  # set once the run is over: what the status line says instead of counts
+        self.elapsed: float | None = None  # frozen when the run ends
+        self.detail = ""  # a failed run's root cause, in one line
 
     def show(self) -> None:
         from IPython.display import display
@@ -141,13 +159,18 @@ class RunDisplay:
             st = entry["state"]
             if error is not None and not st["closed"]:
                 entry["widget"].children[0].bar_style = "danger"
+        self.elapsed = time.monotonic() - self.t0
         if error is not None:
-            first = html.escape(str(error).splitlines()[0] if str(error) else type(error).__name__)
-            self.status.value = (
-                f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: '
-                f"{html.escape(self.report.outcome)}</b> — {first}<br/>logs: "
-                f"{log_links_html(self.report.log_dir, self.report.world_size)}</span>"
-            )
+            self.ended = ENDED.get(self.report.outcome, self.report.outcome)
+            if self.report.outcome == "failed":  # which rank and why, in one line (the error box has the rest)
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                self.detail = first.removeprefix("nblaunch: ")
+        self._draw_status()
+
+    def session_ended(self, text: str) -> None:
+        """A live session's start cell, when the session stops: its status line says so instead of 'N ready'."""
+        self.ended = text
+        self._draw_status()
 
     # -- drawing -------------------------------------------------------------------------
     def _new_bar(self, rank: int, st: dict):
@@ -191,7 +214,24 @@ class RunDisplay:
 
     def _draw_status(self) -> None:
         rep = self.report
-        counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}
+        elapsed = fmt_elapsed(self.elapsed if self.elapsed is not None else time.monotonic() - self.t0)
+        link, logs = run_link_html(rep.log_dir, run_name(rep)), log_links_html(rep.log_dir, rep.world_size)
+        ranks = f"{rep.world_size} ranks ({rep.backend}, {rep.start_method})"
+        if self.ended is not None and rep.outcome not in ("ok", "running"):
+            detail = f" · {html.escape(self.detail)}" if self.detail else ""
+            self.status.value = (
+                f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: {html.escape(self.ended)}</b></span> '
+                f"{link} · {ranks}{detail} · {elapsed} · logs: {logs}"
+            )
+            return
+        state = html.escape(self.ended) if self.ended is not None else self._counts()
+        self.status.value = f"<b>nblaunch</b> {link} · {ranks}: {state} · {elapsed} · logs: {logs}"
+
+    def _counts(self) -> str:
+        rep = self.report
+        # a live session's start run ends with its ranks up and waiting for cells: they are ready, not running
+        waiting = "ready" if rep.session and self.elapsed is not None else "running"
+        counts = {"starting": 0, waiting: 0, "done": 0, "failed": 0}
         failed = {f.rank for f in rep.failures}
         for r in rep.ranks:
             if r.rank in failed:
@@ -201,16 +241,10 @@ class RunDisplay:
             elif r.done_s is not None:
                 counts["done"] += 1
             elif r.ready_s is not None:
-                counts["running"] += 1
+                counts[waiting] += 1
             else:
                 counts["starting"] += 1
-        parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
-        live = f" {html.escape(rep.session)}:" if rep.session else ""
-        self.status.value = (
-            f"<b>nblaunch</b>{live} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
-            f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
-            f"{log_links_html(rep.log_dir, rep.world_size)}"
-        )
+        return " · ".join(f"{v} {k}" for k, v in counts.items() if v)
 
 
 def make_run_display(report, output: str, scope: str) -> RunDisplay | None:
