@@ -95,7 +95,7 @@ class RunDisplay:
         self.scope = scope
         self.status = w.HTML(value="")
         self.bars_box = w.VBox([])
-        self.chart = w.HTML(value="")
+        self.chart = w.HTML(value="", layout=w.Layout(width="100%"))  # the chart follows the cell's width
         self.metrics_chart = MetricsChart()  # reads only the points that arrived since the last redraw
         self.box = w.VBox([self.status, self.bars_box, self.chart])
         self.bars: dict[tuple[int, int], dict] = {}  # (rank, bar id) -> {"state", "widget", "dirty"}
@@ -151,6 +151,8 @@ class RunDisplay:
 
     def finish(self, error: BaseException | None) -> None:
         self.tick(force=True)
+        if self.report.metrics:  # the final chart, with its smoothing control (see MetricsChart.render)
+            self.chart.value = self.metrics_chart.render(self.report.metrics, final=True)
         for box in self.spare:  # hidden and never shown again: free their models in the kernel and page
             for widget in (*box.children, box):
                 widget.close()
