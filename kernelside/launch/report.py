@@ -163,6 +163,13 @@ class LaunchReport:
         )
         return head + "\n\n" + "\n".join(rows)
 
+    def _repr_html_(self) -> str:
+        """The same table, with each rank's log linked: nblaunch's JupyterLab extension opens it in a log tab
+        (the path stays in the link's hover text and in the markdown form)."""
+        from ..display.report_view import report_html
+
+        return report_html(self)
+
     def __repr__(self) -> str:
         lines = [
             f"LaunchReport(outcome={self.outcome!r}, world_size={self.world_size}, backend={self.backend!r}, "
