@@ -39,5 +39,5 @@ def test_an_invalid_value_in_the_file_is_marked_and_the_plan_says_why_not(tmp_pa
     path.write_text("timeout: -3\nbackend: gloo\n")
     text = config_report(resolve_config({}, cwd=tmp_path, lenient=True))
     line = next(ln for ln in text.splitlines() if ln.strip().startswith("timeout"))
-    assert "-3" in line and "invalid: allowed is a number > 0 or empty" in line and str(path) in line
+    assert "-3" in line and "invalid, allowed: a number > 0 or empty" in line
     assert f"plan: not possible: invalid timeout=-3 (in {path})" in text

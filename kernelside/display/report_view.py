@@ -50,7 +50,7 @@ def report_html(report) -> str:
             cells += [_cell(r.gpu_index), _cell(mib), _cell(r.gpu_util_percent)]
         rows.append("<tr>" + "".join(cells) + "</tr>")
     live = f" ({html.escape(report.session)})" if report.session else ""
-    metrics = f", {len(report.metrics)} metrics points (<code>.metrics_frame()</code>)" if report.metrics else ""
+    metrics = f", {len(report.metrics)} metrics points in <code>.metrics_frame()</code>" if report.metrics else ""
     summary = (
         f"<b>nblaunch run: {html.escape(report.outcome)}</b>{live} — {run_link_html(report.log_dir, run_name(report))}"
         f" · {report.world_size} ranks, {html.escape(report.backend)}, {html.escape(report.start_method)}, "

@@ -16,6 +16,8 @@ import html
 import os
 import time
 
+# The run's name reads as a link with or without the extension's stylesheet.
+LINK_STYLE = "color: var(--jp-content-link-color, #1976d2); text-decoration: underline"
 MAX_LINKS = 8  # beyond this many ranks the status line links the first ones and says how many more
 
 
@@ -36,7 +38,10 @@ def run_link_html(log_dir: str, name: str) -> str:
     """The run's name, linked to its dashboard tab; the log folder in its hover text."""
     run_id = html.escape(run_id_of(log_dir), quote=True)
     title = html.escape(f"Open this run in the Runs dashboard. Logs: {log_dir}", quote=True)
-    return f'<a class="nblaunch-run-link" href="#" data-nblaunch-run="{run_id}" title="{title}">{html.escape(name)}</a>'
+    return (
+        f'<a class="nblaunch-run-link" href="#" data-nblaunch-run="{run_id}" title="{title}" '
+        f'style="{LINK_STYLE}">{html.escape(name)}</a>'
+    )
 
 
 def log_links_html(log_dir: str, world_size: int) -> str:

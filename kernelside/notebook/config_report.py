@@ -29,19 +29,18 @@ def config_report(cfg: ResolvedConfig) -> str:
     """The text ``%distributed_config`` prints for ``cfg`` (resolved ``lenient``, so bad values are shown)."""
     out = [f"config file: {cfg.path or '(none found; using defaults)'}"]
     changed = [k for k, v in cfg.values.items() if cfg.sources[k] != "default" or k in cfg.invalid]
+    shown = {k: repr(cfg.invalid[k].value if k in cfg.invalid else v) for k, v in cfg.values.items()}
     width = max(len(k) for k in cfg.values)
+    column = min(24, max(len(v) for v in shown.values()))  # values line up without pushing the source off the cell
     if changed:
         out.append("changed from the defaults:")
         for k in changed:
-            if k in cfg.invalid:
-                bad = cfg.invalid[k].value
-                out.append(f"  {k:<{width}}  {bad!r:<24} invalid: allowed is {allowed(k)}; fix it in {cfg.path}")
-            else:
-                out.append(f"  {k:<{width}}  {cfg.values[k]!r:<24} from {cfg.sources[k]}")
+            where = f"invalid, allowed: {allowed(k)}" if k in cfg.invalid else f"from {cfg.sources[k]}"
+            out.append(f"  {k:<{width}}  {shown[k]:<{column}}  {where}")
     else:
         out.append("changed from the defaults: nothing")
     out.append("defaults:")
-    out += [f"  {k:<{width}}  {v!r:<24} from default" for k, v in cfg.values.items() if k not in changed]
+    out += [f"  {k:<{width}}  {shown[k]:<{column}}  from default" for k in cfg.values if k not in changed]
     out += [f"  warning: {w}" for w in cfg.warnings]
     out.append(f"detected: {hardware.gpu_count()} GPU(s), {_cpu_count()} CPU core(s), python {sys.executable}")
     out += _plan_lines(cfg)
