@@ -24,6 +24,7 @@ import cloudpickle
 from ..config import resolve_config
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
+from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
@@ -147,9 +148,12 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     )
     _state["last_report"] = report
     router = None
-    if engine.routes_output:
-        router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
     display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.routes_output else None
+    if engine.routes_output:
+        router = RankOutputRouter(
+            plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
+        )
     recorder = RunRecorder(
         report,
         clock=engine.clock,
@@ -168,6 +172,8 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         engine.start(recorder)
         if display is not None:
             display.show()
+        if tabs is not None:
+            tabs.show()
         engine.wait(recorder)
     except KeyboardInterrupt as e:
         # The stack of this loop is nblaunch's plumbing: the notebook shows one line saying what became of the ranks.

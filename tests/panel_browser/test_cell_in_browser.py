@@ -21,6 +21,7 @@ for step in progress(range(1, 201), desc="train"):
     time.sleep(0.004)
 print(f"rank {rank} done")
 """
+OUTPUT_ALL = "%%distributed -n 2 --output all\nfor i in range(3):\n    print(f'hello {i} from rank {rank}')"
 WIDGET_SLEEP = "import ipywidgets, time\ndisplay(ipywidgets.HTML('a widget'))\ntime.sleep(4)"
 PLAIN_SLEEP = "time.sleep(4)"
 NBLAUNCH_SLEEP = (
@@ -80,8 +81,11 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
     page.set_default_timeout(60_000)
     (lab_server.root / "bad.yaml").write_text("num_processes: 2\nmain_process_port: 70000\n")
     cells = ["%load_ext kernelside\nimport time", PLAIN_SLEEP, WIDGET_SLEEP, NBLAUNCH_SLEEP]
-    cells += [METRICS_CELL, "%distributed_last", "%distributed_config bad.yaml"]
+    cells += [METRICS_CELL, "%distributed_last", "%distributed_config bad.yaml", OUTPUT_ALL]
     _notebook(lab_server.root / "train.ipynb", cells)
+    widgets = lab_server.root.parent / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
+    widgets.mkdir(parents=True, exist_ok=True)
+    (widgets / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))  # widgets in the file
     page.goto(lab_server.page_url("lab/tree/train.ipynb"))
     expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle")  # the kernel is up
     _run_cell(page, 0)
@@ -97,7 +101,7 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
     assert first_widget.count("Idle") >= 10, first_widget
     assert ours.count("Busy") >= 15, ours
 
-    for i in range(4, 7):
+    for i in range(4, 8):
         _run_cell(page, i)
     cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(4)
     chart = cell.locator("svg.nblaunch-chart")
@@ -119,6 +123,7 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
     assert sizes and min(sizes) >= 11, sizes
 
     # hovering the plot: the band under the pointer holds the values at that step
+    chart.scroll_into_view_if_needed()
     plot = chart.locator("svg[preserveAspectRatio='none']").first.bounding_box()
     x, y = plot["x"] + plot["width"] * 0.5, plot["y"] + plot["height"] * 0.5
     page.mouse.move(x, y)
@@ -149,8 +154,29 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
     snapshot(report, "distributed-last.png")
 
     config = page.locator(".jp-NotebookPanel .jp-Cell").nth(6)
-    expect(config).to_contain_text("invalid: allowed is an integer from 1 to 65535 or empty")
+    expect(config).to_contain_text("invalid, allowed: an integer from 1 to 65535 or empty")
     snapshot(config, "distributed-config.png")
+
+    # --output all: a tab per rank, rank 0 shown; rank 1's tab shows its lines, and the choice is saved
+    every = page.locator(".jp-NotebookPanel .jp-Cell").nth(7)
+    expect(every.locator(".widget-tab")).to_contain_text("hello 2 from rank 0")
+    every.get_by_role("tab", name="rank 1").click()
+    expect(every.locator(".widget-tab")).to_contain_text("hello 2 from rank 1")
+    expect(every.locator(".widget-tab")).not_to_contain_text("hello 2 from rank 0")
+    snapshot(every, "cell-output-all-tabs.png")
+    page.keyboard.press("Control+s")
+    nb_file = lab_server.root / "train.ipynb"
+
+    def saved_tab() -> int | None:
+        state = json.loads(nb_file.read_text())["metadata"].get("widgets", {})
+        models = state.get("application/vnd.jupyter.widget-state+json", {}).get("state", {}).values()
+        return next((m["state"]["selected_index"] for m in models if m["model_name"] == "TabModel"), None)
+
+    for _ in range(100):
+        if saved_tab() == 1:
+            break
+        page.wait_for_timeout(100)
+    assert saved_tab() == 1
 
     # With comms over subshells disabled in JupyterLab's settings, nblaunch's first widgets leave it Busy.
     settings = lab_server.root.parent / "settings" / "@jupyterlab" / "apputils-extension"
