@@ -159,10 +159,12 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
 
     # --output all: a tab per rank, rank 0 shown; rank 1's tab shows its lines, and the choice is saved
     every = page.locator(".jp-NotebookPanel .jp-Cell").nth(7)
-    expect(every.locator(".widget-tab")).to_contain_text("hello 2 from rank 0")
+    shown = every.locator(".widget-tab .widget-html-content:visible")  # the selected tab's page only
+    expect(shown).to_contain_text("hello 2 from rank 0")
+    expect(shown).not_to_contain_text("from rank 1")
     every.get_by_role("tab", name="rank 1").click()
-    expect(every.locator(".widget-tab")).to_contain_text("hello 2 from rank 1")
-    expect(every.locator(".widget-tab")).not_to_contain_text("hello 2 from rank 0")
+    expect(shown).to_contain_text("hello 2 from rank 1")
+    expect(shown).not_to_contain_text("from rank 0")
     snapshot(every, "cell-output-all-tabs.png")
     page.keyboard.press("Control+s")
     nb_file = lab_server.root / "train.ipynb"
