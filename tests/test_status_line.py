@@ -71,10 +71,10 @@ def test_a_failed_or_timed_out_run_says_how_it_ended_once_without_the_stop_boile
     assert "nblaunch: rank" not in visible
 
 
-def test_the_live_start_cell_says_ready_then_stopped(kernel):
+def test_the_live_start_cell_says_idle_then_stopped(kernel):
     lines = StatusLines(kernel)
     start = lines.run("%distributed_start -n 2").ok()
-    assert ": 2 ready ·" in _visible(lines.of(start))
+    assert ": 2 idle ·" in _visible(lines.of(start))
     cell = lines.run("%%distributed\ny = rank\n").ok()
     assert ">live session, cell 1</a>" in lines.of(cell)
     lines.run("%distributed_stop").ok()

@@ -17,6 +17,7 @@ import time
 
 from tqdm import std as tqdm_std
 
+from ..run_contract import RankState
 from .metrics_chart import MetricsChart, render_svg
 from .run_links import log_links_html, run_link_html, run_name
 
@@ -230,22 +231,9 @@ class RunDisplay:
         self.status.value = f"<b>nblaunch</b> {link} · {ranks}: {state} · {elapsed} · logs: {logs}"
 
     def _counts(self) -> str:
-        rep = self.report
-        # a live session's start run ends with its ranks up and waiting for cells: they are ready, not running
-        waiting = "ready" if rep.session and self.elapsed is not None else "running"
-        counts = {"starting": 0, waiting: 0, "done": 0, "failed": 0}
-        failed = {f.rank for f in rep.failures}
-        for r in rep.ranks:
-            if r.rank in failed:
-                counts["failed"] += 1
-            elif r.status is not None:
-                counts["done" if r.status.ok else "failed"] += 1
-            elif r.done_s is not None:
-                counts["done"] += 1
-            elif r.ready_s is not None:
-                counts[waiting] += 1
-            else:
-                counts["starting"] += 1
+        counts = {state: 0 for state in RankState}  # in the enum's order: starting, running, ... done, failed
+        for r in self.report.ranks:
+            counts[r.state] += 1  # the recorder's
         return " · ".join(f"{v} {k}" for k, v in counts.items() if v)
 
 

@@ -240,7 +240,9 @@ DistributedMagics.distributed_export.parser.allow_abbrev = False
 
 
 def register(ipython) -> None:
+    from .debug_magic import install as install_debug
     from .live_magics import register as register_live
 
     ipython.register_magics(DistributedMagics)
     register_live(ipython)
+    install_debug(ipython)
