@@ -61,13 +61,18 @@ def _interrupt_when(kernel, marker: str):
     return on_output
 
 
-def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames(kernel):
+def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_naming_where_each_rank_was(kernel):
     before = _children(kernel.pid)
-    body = "%%distributed -n 2\nprint('sleeping', flush=True)\ntime.sleep(60)\n"
-    cell = kernel.run(body, timeout=60, on_output=_interrupt_when(kernel, "sleeping"))
+    body = (
+        "%%distributed -n 2\nimport torch.distributed as dist\nprint('waiting', flush=True)\n"
+        "if rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)\n"
+    )
+    cell = kernel.run(body, timeout=60, on_output=_interrupt_when(kernel, "waiting"))
     assert cell.error["ename"] == "KeyboardInterrupt"
-    text = _text(cell)
+    text, count = _text(cell), cell.reply["execution_count"]
     assert "interrupted" in cell.error["evalue"] and "nothing is left running" in cell.error["evalue"]
+    assert f"rank 0: cell In[{count}], line 5 in <module>, waiting in torch.distributed.barrier()" in text, text
+    assert f"rank 1: cell In[{count}], line 7 in <module>" in text, text
     assert not NBLAUNCH_FRAME.search(text), text
     assert len(text.splitlines()) <= 6, text
     assert _children(kernel.pid) <= before

@@ -28,7 +28,7 @@ from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
-from . import cuda_guard, hardware
+from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
 from .plan import make_plan
 from .recorder import RunRecorder
@@ -177,7 +177,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         engine.wait(recorder)
     except KeyboardInterrupt as e:
         # The stack of this loop is nblaunch's plumbing: the notebook shows one line saying what became of the ranks.
-        interrupted = e if isinstance(e, CellInterrupted) else CellInterrupted(_interrupted_message(report))
+        interrupted = e if isinstance(e, CellInterrupted) else CellInterrupted(_interrupted_message(report, engine))
         recorder.interrupted()
     finally:
         # (stopped from the panel: the engine's loop has given the ranks their grace already)
@@ -192,9 +192,26 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     return LaunchOutcome(value, values, report)
 
 
-def _interrupted_message(report: LaunchReport) -> str:
-    """■ during a one-shot run: the ranks it stopped, and that nothing is left running (said once they are gone)."""
+def _interrupted_message(report: LaunchReport, engine) -> str:
+    """■ during a one-shot run: where each unfinished rank was, that they were stopped and nothing is left running
+    (said before they are stopped, raised once they are gone)."""
+    where = _where_ranks_were(report, engine)
     return (
-        f"the run was interrupted (■): its {report.world_size} ranks were stopped and nothing is left running. "
-        f"Logs of every rank: {report.log_dir}"
+        f"the run was interrupted (■): its {report.world_size} ranks were stopped and nothing is left running."
+        + (f"\nWhere the unfinished ranks were:\n{where}" if where else "")
+        + f"\nLogs of every rank: {report.log_dir}"
     )
+
+
+def _where_ranks_were(report: LaunchReport, engine) -> str:
+    """Each unfinished rank's line and collective, from its stack (``rank_stacks``), asked before it is stopped;
+    '' on engines whose ranks are not this kernel's children (Ray, torch's elastic launcher)."""
+    group = getattr(engine, "group", None)
+    if group is None:
+        return ""
+    finished = {r.rank for r in report.ranks if r.state.is_final}
+    targets = [(w.rank, w.pid, None) for w in group.workers if w.status is None and w.rank not in finished]
+    if not targets:
+        return ""
+    answer = rank_stacks.StackRequest.send(report.log_dir, targets).collect(label=rank_stacks.kernel_label)
+    return "\n".join("  " + line for line in rank_stacks.describe(answer).splitlines())
