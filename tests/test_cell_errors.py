@@ -78,9 +78,10 @@ def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_namin
     assert _children(kernel.pid) <= before
 
 
-def test_a_timeout_is_the_same_short_form(kernel):
+def test_a_timeout_is_the_same_short_form_and_names_where_each_rank_was(kernel):
     cell = kernel.run("%%distributed -n 2 --timeout 1\ntime.sleep(60)\n", timeout=60)
     assert cell.error["ename"] == "LaunchTimeoutError"
-    text = _text(cell)
+    text, count = _text(cell), cell.reply["execution_count"]
     assert not NBLAUNCH_FRAME.search(text), text
     assert "nothing is left running" in text
+    assert f"rank 1: cell In[{count}], line 2 in <module>" in text, text

@@ -166,6 +166,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         t_call=engine.t_call,
         gpu=sampler_for(plan.gpu_ids),
         tracker=tracker,
+        where=lambda: _where_ranks_were(report, engine),
     )
     interrupted = None
     try:
