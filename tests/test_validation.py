@@ -33,6 +33,8 @@ def invalid_values(f: config.Field) -> list:
         return out
     if f.type == "bool":
         return ["maybe", 2]
+    if f.type == "list":
+        return ["text", {"a": 1}]
     if f.type == "dict":
         return [[1, 2], "text"] + ([{"A=B": "1"}] if f.name == "env" else [])
     if f.choices:

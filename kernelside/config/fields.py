@@ -348,6 +348,10 @@ def check_value(name: str, value: Any) -> Any:
         rule = _STRING_RULES.get(name)
         if rule is not None and not rule[0](v):
             raise LaunchConfigError(name, value, rule[1])
+    elif f.type == "list":
+        if not isinstance(v, (list, tuple)):
+            raise LaunchConfigError(name, value, _allowed(f))
+        v = list(v)
     elif f.type == "dict":
         if not isinstance(v, dict):
             raise LaunchConfigError(name, value, _allowed(f))
