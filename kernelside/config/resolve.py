@@ -47,6 +47,8 @@ def resolve_config(
             cf = import_accelerate(path)
         else:
             cf = load_config_file(path)
+            if {"compute_environment", "distributed_type"} & set(cf.unknown):  # an Accelerate file, given by path
+                cf = import_accelerate(path)
         warnings.extend(cf.warnings)
         for k, v in cf.values.items():
             values[k], sources[k] = v, str(path)
