@@ -21,6 +21,7 @@ Example::
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
 import os
 import tempfile
@@ -111,6 +112,8 @@ def refuse_silent_fallbacks(values: dict, dist: str, use_cpu: bool) -> None:
             "could not run it. Install it (pip install deepspeed), or remove deepspeed_config to train with DDP. "
             + _NOTHING,
         )
+    if dist == "DEEPSPEED":
+        _refuse_what_deepspeed_refuses(values, use_cpu)
     if use_cpu and dist in ("FSDP", "MEGATRON_LM"):
         key = "fsdp_config" if dist == "FSDP" else "megatron_lm_config"
         why = "this machine has no GPU" if not values["use_cpu"] else "use_cpu is set"
@@ -122,6 +125,44 @@ def refuse_silent_fallbacks(values: dict, dist: str, use_cpu: bool) -> None:
             f"{'FSDP' if dist == 'FSDP' else 'Megatron-LM'}: Accelerator() would train without it. Run on GPUs, or "
             f"remove {key}. (torch's own FSDP, fully_shard() in the cell, does run on CPU.) {_NOTHING}",
         )
+
+
+def _refuse_what_deepspeed_refuses(values: dict, use_cpu: bool) -> None:
+    """A DeepSpeed config file that is missing, or fp16 on a CPU where DeepSpeed's CPU accelerator has none: the ranks
+    would fail in ``accelerator.prepare()`` after starting everything; say it now."""
+    ds = values.get("deepspeed_config") or {}
+    path, ds_file = ds.get("deepspeed_config_file"), {}
+    if path:
+        try:
+            with open(path) as fh:
+                ds_file = json.load(fh)
+        except (OSError, ValueError) as e:
+            raise LaunchConfigError(
+                "deepspeed_config",
+                ds,
+                None,
+                message=f"deepspeed_config_file {path!r} cannot be read as JSON from {os.getcwd()} ({e}). Give a "
+                f"path to DeepSpeed's JSON config, absolute or relative to the notebook's folder. {_NOTHING}",
+            ) from None
+    fp16 = values["mixed_precision"] == "fp16" or bool((ds_file.get("fp16") or {}).get("enabled") is True)
+    if use_cpu and fp16 and not _cpu_has_fp16():
+        raise LaunchConfigError(
+            "mixed_precision",
+            "fp16",
+            None,
+            message="DeepSpeed on CPU runs fp16 only where oneDNN has fp16 kernels, and this CPU has none "
+            "(torch.ops.mkldnn._is_mkldnn_fp16_supported() is False): every rank would stop in prepare() with "
+            f"'Type fp16 is not supported on your device'. Use mixed_precision bf16 or no. {_NOTHING}",
+        )
+
+
+def _cpu_has_fp16() -> bool:
+    import torch  # DeepSpeed's CPU accelerator asks torch the same question
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except Exception:
+        return False
 
 
 def _without_accelerate(values: dict, use_cpu: bool) -> dict:

@@ -25,7 +25,9 @@ import time
 import traceback
 
 from . import (
+    accelerate_ranks,
     context,
+    lightning_bars,
     metric_capture,
     progress,
     rank_departure,
@@ -182,7 +184,9 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         main = sys.modules.get("__main__")
         _patch_init_process_group(list(namespaces) + ([vars(main)] if main is not None else []))
         progress.install_in_worker()
+        lightning_bars.install_in_worker()
         metric_capture.install_in_worker(spec.metrics == "on")
+        accelerate_ranks.install_in_worker(spec.device)
         return None
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         _report(events, e, phase)
