@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import logging
@@ -47,12 +48,10 @@ def accelerate_env(values: dict, use_cpu: bool) -> dict:
     if importlib.util.find_spec("accelerate") is None:
         return _without_accelerate(values, use_cpu)
     refuse_silent_fallbacks(values, dist, use_cpu)
-    exported = export_accelerate({**values, "use_cpu": use_cpu or values["use_cpu"]})
-    with tempfile.TemporaryDirectory(prefix="nblaunch-accelerate-") as d:
-        path = os.path.join(d, "accelerate_config.yaml")
-        with open(path, "w") as fh:
-            yaml.safe_dump(exported, fh)
-        launcher, env = launch_env(path)
+    exported = yaml.safe_dump(export_accelerate({**values, "use_cpu": use_cpu or values["use_cpu"]}))
+    inherited = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith(PREFIXES)))
+    launcher, env = _launch_env_for(exported, inherited)
+    env = dict(env)
     inherited_cpu = os.environ.get("ACCELERATE_USE_CPU", "").lower() in ("1", "true", "yes", "y", "on")
     if launcher == "deepspeed" and "ACCELERATE_USE_CPU" not in env and inherited_cpu:
         raise LaunchConfigError(
@@ -65,6 +64,17 @@ def accelerate_env(values: dict, use_cpu: bool) -> dict:
             f"launch again. {_NOTHING}",
         )
     return env
+
+
+@functools.lru_cache(maxsize=16)
+def _launch_env_for(config_text: str, inherited: tuple) -> tuple[str, dict]:
+    """``launch_env`` of this config file text, given these inherited variables (which the result leaves out).
+    Cached because it is a pure function of both and costs tens of ms: a notebook relaunches the same config."""
+    with tempfile.TemporaryDirectory(prefix="nblaunch-accelerate-") as d:
+        path = os.path.join(d, "accelerate_config.yaml")
+        with open(path, "w") as fh:
+            fh.write(config_text)
+        return launch_env(path)
 
 
 def launch_env(config_file: str) -> tuple[str, dict]:

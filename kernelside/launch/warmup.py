@@ -30,6 +30,10 @@ def _import() -> None:
         import torch._dynamo  # noqa: F401  (imported by the first DDP construction)
     except Exception:
         pass
+    try:  # the launch plan asks Accelerate's launcher for the ranks' ACCELERATE_* variables (accelerate_env.py)
+        import accelerate.commands.launch  # noqa: F401
+    except Exception:
+        pass
 
 
 def _run() -> None:
