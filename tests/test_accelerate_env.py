@@ -237,3 +237,20 @@ def test_the_rows_cover_every_key_accelerate_launch_reads_from_a_config_file():
     }  # fmt: skip
     covered = set(BASE) | {k for cfg, _ in ROWS.values() for k in cfg}
     assert set(ClusterConfig.__dataclass_fields__) - launcher_only - covered == set()
+
+
+def test_deepspeed_in_nblaunch_yaml_gives_the_variables_of_the_same_accelerate_file(configs, clean_env, tmp_path):
+    _, _, expected = configs
+    cfg, _ = ROWS["deepspeed_plugin_keys"]
+    (tmp_path / "nblaunch.yaml").write_text(
+        yaml.safe_dump({"num_processes": 2, "mixed_precision": "bf16", "deepspeed_config": cfg["deepspeed_config"]})
+    )
+    plan = make_plan(resolve_config({}, cwd=tmp_path), gpus=0, cuda_initialized=False)
+    got = {k: v for k, v in plan.env_for(0, 29500).items() if k.startswith(PREFIXES)}
+    assert got == expected["deepspeed_plugin_keys"] and "ACCELERATE_USE_CPU" not in got
+
+
+def test_two_plugins_at_once_are_refused_instead_of_one_being_ignored(clean_env):
+    with pytest.raises(LaunchConfigError, match="fsdp_config and deepspeed_config are both set"):
+        both = {"fsdp_config": {"fsdp_version": 2}, "deepspeed_config": {"zero_stage": 2}}
+        make_plan(resolve_config(both, cwd="/"), gpus=2, cuda_initialized=False)

@@ -113,6 +113,15 @@ def launch_env(config_file: str) -> tuple[str, dict]:
 def refuse_silent_fallbacks(values: dict, dist: str, use_cpu: bool) -> None:
     """Raise where the ranks would not run what the config says: DeepSpeed missing, FSDP or Megatron-LM without GPUs
     (Accelerate runs both only on accelerators; on CPU it would train with DDP, or not distributed at all)."""
+    plugins = [k for k in ("fsdp_config", "deepspeed_config", "megatron_lm_config") if values.get(k)]
+    if len(plugins) > 1:
+        raise LaunchConfigError(
+            plugins[1],
+            values[plugins[1]],
+            None,
+            message=f"{' and '.join(plugins)} are both set, but Accelerate runs one of them (an Accelerate config "
+            f"file has one distributed_type); {plugins[0]} would win and the other be ignored. Keep one. {_NOTHING}",
+        )
     if dist == "DEEPSPEED" and importlib.util.find_spec("deepspeed") is None:
         raise LaunchConfigError(
             "deepspeed_config",
