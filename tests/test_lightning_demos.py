@@ -9,6 +9,8 @@ instead of WikiText2, which it would download).
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from kernel import Kernel
 
@@ -48,8 +50,11 @@ def kernel(tmp_path_factory):
 
 @pytest.mark.parametrize("demo", ["boring", "transformer"])
 def test_lightning_demo_in_a_distributed_cell_gives_the_weights_of_ddp_notebook(demo, kernel):
+    t0 = time.monotonic()
     kernel.run(f"reference = fit({demo!r}, 'ddp_notebook')", timeout=300).ok()
+    t1 = time.monotonic()
     kernel.run(f"%%distributed -n 2 --return weights\nweights = fit({demo!r}, 'ddp')", timeout=300).ok()
+    print(f"{demo}: ddp_notebook {t1 - t0:.1f} s, %%distributed {time.monotonic() - t1:.1f} s")
     same = kernel.run(
         f"changed = any(not torch.equal(v, demo({demo!r})[0].state_dict()[k]) for k, v in reference.items())\n"
         "print(sorted(weights) == sorted(reference), changed,"
