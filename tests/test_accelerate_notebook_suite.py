@@ -4,6 +4,10 @@
 checks its launcher with: PartialState in the ranks, both rendezvous backends, max_restarts,
 and a failing rank stopping a sleeping one (caught as torch's ChildFailedError). Its bitsandbytes
 test needs bitsandbytes, which is not installed here, so it is not among the cases.
+
+Below, Accelerate's shipped distributed test scripts run three ways on 2 CPU ranks: under torchrun (what
+`accelerate launch` runs them with), through `notebook_launcher`, and in a `%%distributed -n 2` cell; every test's
+outcome under nblaunch must be torchrun's.
 """
 
 from __future__ import annotations
