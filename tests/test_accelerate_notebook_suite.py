@@ -131,11 +131,12 @@ def expected_under_torchrun(name: str) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def torchrun_results(tmp_path_factory):
-    """Each script under torchrun, one after the other: (returncode, rank 0's outcome of each test, seconds, output)."""
+    """Each script under torchrun, all at once (the suite's time): (returncode, rank 0's outcome of each test,
+    seconds, output)."""
     root = tmp_path_factory.mktemp("peer_scripts")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
     env.update(ACCELERATE_USE_CPU="True", OMP_NUM_THREADS="1")  # what accelerate launch exports for MULTI_CPU
-    results = {}
+    runs = {}
     for name in PEER_SCRIPTS:
         (root / f"{name}_runner.py").write_text(runner(name))
         with socket.socket() as s:
@@ -143,9 +144,12 @@ def torchrun_results(tmp_path_factory):
             port = s.getsockname()[1]
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
                "--rdzv-endpoint", f"127.0.0.1:{port}", f"{name}_runner.py"]  # fmt: skip
-        t0 = time.monotonic()
-        run = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, timeout=300)
-        results[name] = (run.returncode, _outcomes(run.stdout), time.monotonic() - t0, run.stdout + run.stderr)
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        runs[name] = (proc, time.monotonic())
+    results = {}
+    for name, (proc, t0) in runs.items():
+        out, err = proc.communicate(timeout=300)
+        results[name] = (proc.returncode, _outcomes(out), time.monotonic() - t0, out + err)
     return results
 
 
