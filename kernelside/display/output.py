@@ -26,6 +26,8 @@ import collections
 import os
 import time
 
+from ..run_contract import rank_log_name
+
 TAIL_LINES = 40
 # What the cell shows is budgeted (token bucket) below Jupyter server's default IOPub limit of
 # 1 MB/s over 3 s, so a flood of prints never stalls the notebook or makes the server drop output.
@@ -57,8 +59,11 @@ class _LineBuffer:
 
 
 class RankOutputRouter:
-    def __init__(self, world_size: int, mode: str, log_dir: str, stdout, stderr, prefix_template: str | None = None):
+    def __init__(
+        self, world_size: int, mode: str, log_dir: str, stdout, stderr, prefix_template: str | None = None, tabs=None
+    ):
         self.mode = mode
+        self.tabs = tabs  # output="all" in a notebook: each rank's lines go to its tab (rank_tabs.py), not the stream
         self.prefixes = {r: _prefix(prefix_template, mode, r) for r in range(world_size)}
         self.log_dir = log_dir
         self.sinks = {"stdout": stdout, "stderr": stderr}
@@ -71,7 +76,7 @@ class RankOutputRouter:
         self.held_tail: collections.deque = collections.deque(maxlen=HELD_TAIL_LINES)
         self.unflushed = 0
         for r in range(world_size):
-            path = os.path.join(log_dir, f"rank{r}.log")
+            path = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract: the server reads it
             self.logs[r] = open(path, "ab", buffering=0)
             self.log_paths[r] = path
 
@@ -97,6 +102,8 @@ class RankOutputRouter:
 
     def flush_stale(self, now: float | None = None) -> None:
         """Show partial lines that have waited long enough (only where they cannot interleave)."""
+        if self.tabs is not None:
+            self.tabs.tick()
         if self.mode != "rank0":
             return
         now = time.monotonic() if now is None else now
@@ -117,6 +124,8 @@ class RankOutputRouter:
             self._write("stdout", self._held_back_note().replace("]\n", f"; the last {len(self.held_tail)}:]\n"))
             self._write("stdout", tail if tail.endswith("\n") else tail + "\n")
             self.held_back = 0
+        if self.tabs is not None:
+            self.tabs.tick(force=True)
         for fh in self.logs.values():
             fh.close()
         for sink in self.sinks.values():
@@ -135,6 +144,9 @@ class RankOutputRouter:
             if line.strip("\r\n"):
                 tail.append(line if line.endswith("\n") else line.rstrip("\r") + "\n")
         if not self.shown(rank):
+            return
+        if self.tabs is not None:
+            self.tabs.write(rank, stream, text)
             return
         prefix = self.prefixes[rank]
         if prefix:
