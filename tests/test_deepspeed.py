@@ -161,7 +161,7 @@ def test_fp16_on_a_cpu_deepspeed_cannot_run_it_on_is_refused_before_anything_sta
     # prepare() with "ValueError: Type fp16 is not supported on your device." about 30 s later
     if CPU_Accelerator().is_fp16_supported():
         pytest.fail("this CPU has fp16 kernels: the refusal cannot be shown here (DeepSpeed would run fp16)")
-    cfg = {**accelerate_config(2, 0), "mixed_precision": "fp16"}
+    cfg = {**accelerate_config(2, 29743), "mixed_precision": "fp16"}
     cfg["deepspeed_config"] = {"zero_stage": 2}
     (tmp_path / "fp16.yaml").write_text(yaml.safe_dump(cfg))
     with pytest.raises(LaunchConfigError, match=r"DeepSpeed on CPU runs fp16 only where .*Nothing was started"):
