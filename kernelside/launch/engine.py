@@ -38,7 +38,7 @@ from .request import LaunchOutcome, LaunchRequest
 from .run_dir import run_log_dir
 from .run_tracker import track_run
 
-INTERRUPT_GRACE_S = 1.0
+POLL_S = 0.1  # the longest an engine's poll() waits before the deadline and grace are checked again
 _launch_lock = threading.Lock()
 _state = {"last_report": None}
 
@@ -131,17 +131,20 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
 
 
 def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker=None) -> LaunchOutcome:
-    """One run of the kernel loop on ``engine``: report, output routing, widgets, recorder, outcome.
+    """One run of the kernel loop on ``engine`` (``engines.contract.Engine``): report, output routing,
+    widgets, recorder, outcome — and the policy, which is this function's alone: the deadline
+    (``plan.timeout``), how long ranks get to stop, and what Ctrl-C does.
 
     ``launch()`` runs each launch through it; a live session runs each cell through it
     (``live.cell_engine``), so both share every output, failure and interrupt rule.
     """
-    engine.prepare()
+    t_call = time.monotonic()
+    port = engine.prepare()
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,
-        start_method=getattr(engine, "start_method", plan.start_method),  # (forkserver may fall back to spawn)
-        port=engine.port or 0,
+        start_method=plan.start_method,  # (the engine says so in start() when it fell back)
+        port=port or 0,
         log_dir=log_dir,
         started_at=time.time(),
         engine=plan.engine,
@@ -150,10 +153,10 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     _state["last_report"] = report
     router = None
     # a live cell draws its display only once there is something to show (display/deferred_display.py)
-    make = deferred_run_display if getattr(engine, "defer_display", False) else make_run_display
+    make = deferred_run_display if engine.defer_display else make_run_display
     display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
-    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.routes_output else None
-    if engine.routes_output:
+    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.log_tails is None else None
+    if engine.log_tails is None:
         router = RankOutputRouter(
             plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
         )
@@ -164,9 +167,9 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         display=display,
         on_event=req.on_event,
         stop=engine.stop,
-        tails=router or engine,
+        tails=router or engine.log_tails,
         peer_hint=engine.peer_hint,
-        t_call=engine.t_call,
+        t_call=t_call,
         gpu=sampler_for(plan.gpu_ids),
         tracker=tracker,
         where=lambda: _where_ranks_were(report, engine),
@@ -178,14 +181,20 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
             display.show()
         if tabs is not None:
             tabs.show()
-        engine.wait(recorder)
+        _watch(engine, recorder, plan.timeout, t_call)
     except KeyboardInterrupt as e:
-        # The stack of this loop is nblaunch's plumbing: the notebook shows one line saying what became of the ranks.
-        interrupted = e if isinstance(e, CellInterrupted) else CellInterrupted(_interrupted_message(report, engine))
-        recorder.interrupted()
+        # Said before the ranks are stopped (where each one was), raised once they are gone; the stack of
+        # this loop is nblaunch's plumbing, so the notebook shows one line saying what became of the ranks.
+        message = None if isinstance(e, CellInterrupted) else _interrupted_message(report, engine)
+        recorder.stop_for_interrupt()
+        try:
+            _watch(engine, recorder, None, t_call)  # the ranks' grace to end (or come back to rest)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: no more waiting
+        interrupted = engine.interrupt_error(recorder) or (e if message is None else CellInterrupted(message))
     finally:
-        # (stopped from the panel: the engine's loop has given the ranks their grace already)
-        grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
+        # (after Ctrl-C the grace was given above; stopped from the panel: the recorder's shorter one was)
+        grace = 0.0 if interrupted or report.outcome == "stopped" else engine.stop_grace_s
         engine.close(grace, recorder)
         recorder.close()
         if interrupted is not None:
@@ -194,6 +203,22 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         raise interrupted from None
     value, values = recorder.outcome(req.return_all)
     return LaunchOutcome(value, values, report)
+
+
+def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
+    """Poll ``engine`` until the run is over, applying the deadline and, once stopping, the grace."""
+    deadline = t_call + timeout if timeout else None
+    while True:
+        now = time.monotonic()
+        stopping = recorder.stopping_since
+        if stopping is not None and now - stopping > (recorder.grace_s or engine.stop_grace_s):
+            return  # the engine's close() kills what is left
+        if deadline is not None and stopping is None and now >= deadline:
+            recorder.timeout(timeout)  # the recorder asks the engine to stop every rank
+            continue
+        wait = POLL_S if deadline is None or stopping is not None else max(0.0, min(POLL_S, deadline - now))
+        if engine.poll(recorder, wait):
+            return
 
 
 def _interrupted_message(report: LaunchReport, engine) -> str:
