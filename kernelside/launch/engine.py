@@ -15,17 +15,17 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
-
-import cloudpickle
 
 from ..config import resolve_config
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
 from ..engines.table import engine_class
 from ..errors import LaunchConfigError, LaunchError
+from ..notebook.namespace import Payload
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware
 from .gpu_usage import sampler_for
@@ -57,30 +57,6 @@ def keeping_last_report():
             _state["last_report"] = kept
 
 
-def _check_picklable(req: LaunchRequest) -> bytes:
-    """Pickle the function and arguments once for spawn; an unpicklable one is named before anything starts."""
-    try:
-        return cloudpickle.dumps((req.fn, req.args, req.kwargs), protocol=5)
-    except Exception as e:
-        parts = [("the function", req.fn)]
-        names = req.describe_args or tuple(f"args[{i}]" for i in range(len(req.args)))
-        parts += list(zip(names, req.args, strict=True)) + [(f"kwargs[{k!r}]", v) for k, v in req.kwargs.items()]
-        for name, obj in parts:
-            try:
-                cloudpickle.dumps(obj)
-            except Exception as inner:
-                raise LaunchConfigError(
-                    name,
-                    obj,
-                    None,
-                    message=f"{name} ({type(obj).__name__}) cannot be sent to spawned workers: "
-                    f"{type(inner).__name__}: {inner}. Use start_method='fork' (possible while CUDA is not "
-                    "initialized in the kernel), or create that object inside the launched function. "
-                    "Nothing was started.",
-                ) from None
-        raise LaunchConfigError(None, None, None, message=f"cannot pickle the launch for spawn: {e}") from None
-
-
 def plan_for(cfg):
     """The launch plan for a resolved configuration on this machine, as it is right now."""
     return make_plan(
@@ -109,11 +85,16 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         err.write(f"nblaunch: {w}\n")
     plan = plan_for(cfg)
     cls = engine_class(plan.engine)
-    if req.bind is not None:
-        req.fn = req.bind(plan)
+    if req.return_rank is not None and req.return_rank >= plan.num_processes:
+        raise LaunchConfigError(
+            "--return-from", req.return_rank, f"a rank below the number of processes ({plan.num_processes}) or 'all'"
+        )
+    # the payload's transport: forked ranks inherit the notebook, the others get the names it reads, pickled
+    payload = Payload(req.fn, req.args, req.kwargs, req.namespace, req.describe_args)
+    blob = payload.pickled() if plan.start_method == "spawn" else None
+    req = dataclasses.replace(req, fn=payload.callable_for(plan.start_method), namespace=None)
     for notice in plan.notices:
         out.write(notice + "\n")
-    blob = _check_picklable(req) if plan.start_method == "spawn" else None
     if not _launch_lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "

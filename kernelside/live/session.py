@@ -26,7 +26,6 @@ import pickle
 import sys
 import threading
 import time
-import types
 
 import cloudpickle
 
@@ -38,9 +37,10 @@ from ..errors import LaunchConfigError, LaunchError
 from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
+from ..notebook.namespace import names_assigned
 from . import registry
 from .cell_engine import LiveRunEngine
-from .names import NameSender, dumps, names_assigned, needed_names
+from .names import NameSender, dumps
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 
 current = registry.current  # this kernel's live session, or None
@@ -215,7 +215,7 @@ class LiveSession:
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
         ns = kernel_namespace()
-        values = self.names.collect(needed_names(program.source, program.filename, ns), ns)
+        values = self.names.for_cell(program, ns)
         assigned = names_assigned(program.source, program.filename)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
@@ -226,12 +226,7 @@ class LiveSession:
             raise LaunchConfigError("function", fn, "a callable (a function defined in the notebook, say)")
         self._ensure_world()
         ns = kernel_namespace()
-        used: set[str] = set()
-        if isinstance(fn, types.FunctionType) and fn.__module__ == "__main__":
-            from .names import _code_names
-
-            _code_names(fn, ns, used)
-        values = self.names.collect(used, ns)
+        values = self.names.for_function(fn, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
     @_holding_life

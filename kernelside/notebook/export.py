@@ -35,7 +35,8 @@ from ..errors import LaunchConfigError
 from ..launch import hardware
 from ..launch.plan import accelerate_env
 from .cell import ends_with_semicolon
-from .export_deps import Collector, cell_free_names
+from .export_deps import Collector
+from .namespace import cell_free_names
 
 
 @dataclasses.dataclass
