@@ -16,8 +16,8 @@ import sys
 from .errors import LaunchConfigError, LaunchError, LaunchStoppedError, LaunchTimeoutError, WorkerError
 from .launch import cuda_guard as _cuda_guard
 from .launch import warmup as _warmup
-from .launch.engine import last_report
 from .launch.launcher import notebook_launcher
+from .launch.runner import last_report
 from .worker.context import current as _current_worker
 from .worker.progress import log_metrics, progress
 

@@ -38,7 +38,7 @@ from ..errors import LaunchError
 from ..launch import warmup
 from ..launch.report import ExitStatus
 from ..worker.lifecycle import RankSpec, run_rank
-from ..worker.streams import flush_all, forget_kernel_shell, fresh_std_streams
+from ..worker.std_streams import flush_all, forget_kernel_shell, fresh_std_streams
 
 _launching = [False]
 

@@ -2,7 +2,7 @@
 
 Rank 0's text arrives on its stdout/stderr pipes, its ``display`` and ``input_request`` events on
 its event pipe, and the kernel loop reads whichever is ready first. Each such event carries how
-many bytes rank 0 had written to each stream when it was sent (``rank_streams.positions()``), so:
+many bytes rank 0 had written to each stream when it was sent (``output_positions.positions()``), so:
 
 - when an event arrives, the text before it is read first — exactly up to its position, from what
   the loop already read or straight from the pipe, where the rank flushed it before sending — and

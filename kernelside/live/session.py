@@ -3,7 +3,7 @@
 The world is the local engine's (``engines.local.LocalEngine``: the same WorkerGroup, rendezvous
 store and pipes as a one-shot launch) with live ranks (``worker.live_rank``) that wait for requests
 instead of exiting. Each request — a cell, a function call, a push — goes through
-``launch.engine.run_engine`` with a ``LiveRunEngine``: the same report, output routing, widgets,
+``launch.runner.run_engine`` with a ``LiveRunEngine``: the same report, output routing, widgets,
 RunRecorder, failure and interrupt rules. A world that cannot go on is restarted with the same flags.
 
 One session per kernel at a time (``current()``); a second kernel has its own.
@@ -34,13 +34,13 @@ from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..engines.local import LocalEngine
 from ..errors import LaunchConfigError, LaunchError
-from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
+from ..launch.runner import keeping_last_report, plan_for, run_engine
 from ..notebook.namespace import names_assigned
 from . import registry
-from .cell_engine import LiveRunEngine
 from .names import NameSender, dumps
+from .request_engine import LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 
 current = registry.current  # this kernel's live session, or None

@@ -20,8 +20,8 @@ import dataclasses
 
 from ..config import resolve_config
 from ..errors import LaunchConfigError
-from ..launch.engine import launch
 from ..launch.request import LaunchRequest
+from ..launch.runner import launch
 from ..live import registry as live_registry
 from .cell import prepare_cell
 from .export import CellRecord, remember_cell

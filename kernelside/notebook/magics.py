@@ -26,7 +26,7 @@ from ..config.launch_rules import arguments as config_arguments
 from ..engines.table import engine_class
 from ..errors import LaunchConfigError
 from ..launch import hardware
-from ..launch.engine import last_report, plan_for
+from ..launch.runner import last_report, plan_for
 from ..live import registry as live_session
 from .cell_targets import CellRequest, cell_target
 from .export import CellRecord, export_cell, export_function, last_cell

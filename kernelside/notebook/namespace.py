@@ -2,7 +2,7 @@
 
 Every path that runs notebook code elsewhere asks here:
 
-- a launch (``launch.engine``): a ``Payload`` is the function, its arguments and, for a cell, the
+- a launch (``launch.runner``): a ``Payload`` is the function, its arguments and, for a cell, the
   notebook namespace it reads. Its transport depends on how the ranks start: under fork they
   inherit the notebook itself (``Payload.callable_for("fork")``); otherwise the names the cell reads
   are captured and pickled with it (``Payload.pickled()``), and an unpicklable one is named;

@@ -6,7 +6,7 @@ paths), and without one IPython's ``display()`` prints a repr. In rank 0, IPytho
 functions instead format the object here, with the notebook's own formatters when the rank was
 forked (figures, formatters registered in the notebook) or fresh ones when it was spawned, and
 send the bundle over the event channel as a ``display`` event; the kernel publishes it in the
-cell (``notebook_bridge.py``). The event carries how much text the rank had written, so the
+cell (``engines.local_bridge``). The event carries how much text the rank had written, so the
 bundle lands in order with rank 0's prints.
 
 The functions are replaced in place (their code, not their name): every reference reaches the
@@ -29,7 +29,7 @@ import sys
 import types
 import uuid
 
-from . import rank_streams
+from . import output_positions
 
 _TARGET_MODULE = "IPython.core.display_functions"
 _REPLACED = ("display", "update_display", "clear_output", "publish_display_data")
@@ -58,7 +58,7 @@ def install(events, rank: int) -> None:
         _state["formatter"] = None
         return
     _state["events"] = events
-    rank_streams.ensure_counted()
+    output_positions.ensure_counted()
     mod = sys.modules.get(_TARGET_MODULE)
     if mod is not None:
         _replace(mod)
@@ -134,7 +134,7 @@ def publish_display_data(data, metadata=None, *, transient=None, update=False, *
 
 def _send(payload: dict) -> None:
     events = _state["events"]
-    payload["pos"] = rank_streams.positions()  # after this much text, and before what follows
+    payload["pos"] = output_positions.positions()  # after this much text, and before what follows
     try:
         events.send("display", payload)
     except Exception as e:  # a bundle that cannot be pickled: show what it says as text

@@ -30,7 +30,7 @@ import sys
 import threading
 
 from ..channel import EventReader
-from . import rank_streams
+from . import output_positions
 
 STDIN_RANK = 0  # the rank whose prompts the notebook answers
 
@@ -51,7 +51,7 @@ class _Asker:
     def ask(self, prompt: str, password: bool) -> str:
         with self.lock:
             rid = next(self.ids)
-            pos = rank_streams.positions()  # the prompt comes after everything printed so far
+            pos = output_positions.positions()  # the prompt comes after everything printed so far
             self.events.send("input_request", {"id": rid, "prompt": prompt, "password": password, "pos": pos})
             reply = self._wait(rid)
         if "error" in reply:

@@ -1,7 +1,7 @@
 """One run of the kernel loop over a live session's ranks: a cell, a function call, a push, or the start.
 
 ``LiveRunEngine`` has the engine interface of ``engines.table`` and goes through the same
-``launch.engine.run_engine`` as a one-shot launch (same report, output routing, widgets and
+``launch.runner.run_engine`` as a one-shot launch (same report, output routing, widgets and
 RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
 part is back to ``idle`` for this request (not when processes exit), and stopping a rank means
 SIGINT (``KeyboardInterrupt`` in its Python code), not SIGTERM. A rank that is not back to idle

@@ -3,7 +3,7 @@
 A rank's text goes through pipes on fds 1/2; its rich output and input prompts go through the
 event channel. The kernel reads those pipes in whatever order they become ready, so an event
 carries the number of bytes the rank had written to each stream when it was sent: the kernel
-shows exactly that much of the text first (``notebook_bridge.py``). The counts are kept by the
+shows exactly that much of the text first (``engines.local_bridge``). The counts are kept by the
 raw files under ``sys.stdout`` / ``sys.stderr``; bytes that C code writes to fds 1/2 directly are
 not counted, so an event after C-level output may land that many bytes early (never late, never lost).
 

@@ -113,7 +113,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     """One run of the kernel loop on ``engine``: report, output routing, widgets, recorder, outcome.
 
     ``launch()`` runs each launch through it; a live session runs each cell through it
-    (``live.cell_engine``), so both share every output, failure and interrupt rule.
+    (``live.request_engine``), so both share every output, failure and interrupt rule.
     """
     engine.prepare()
     report = LaunchReport(
