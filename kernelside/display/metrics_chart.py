@@ -86,11 +86,6 @@ class MetricsChart:
         return "".join(parts)
 
 
-def render_svg(points: list[dict]) -> str:
-    """The chart of a list of points in one call (what ``progress_view.svg_chart`` returns)."""
-    return MetricsChart().add(points).svg()
-
-
 # -- one panel ------------------------------------------------------------------------------------
 
 
