@@ -40,7 +40,13 @@ from ..launch.report import ExitStatus
 from ..worker.lifecycle import RankSpec, run_rank
 from ..worker.std_streams import flush_all, forget_kernel_shell, fresh_std_streams
 
-_launching = [False]
+
+class _ElasticLaunch:
+    launching = False  # torch's launcher is starting workers now (forked from this process)
+
+
+# Global on purpose: the at-fork hook below takes no arguments, and fork is process-wide.
+ELASTIC_LAUNCH = _ElasticLaunch()
 
 
 def _fd_streams_in_forked_worker() -> None:
@@ -49,7 +55,7 @@ def _fd_streams_in_forked_worker() -> None:
     torch redirects a worker's output by ``dup2`` onto ``sys.stdout.fileno()``; in a Jupyter kernel
     that is ipykernel's stream object, whose fileno() is not fd 1, so the redirect would miss.
     """
-    if _launching[0]:
+    if ELASTIC_LAUNCH.launching:
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
 
@@ -224,7 +230,7 @@ class ElasticEngine:
         agent_log = logging.getLogger("torch.distributed.elastic")
         agent_level = agent_log.level
         agent_log.setLevel(logging.CRITICAL)
-        _launching[0] = True
+        ELASTIC_LAUNCH.launching = True
         try:
             values = elastic_launch(self._config(), _elastic_entry)(blob, base, self.error_dir)
         except SignalException as e:
@@ -238,7 +244,7 @@ class ElasticEngine:
             self._record_failures(e, recorder)
             return
         finally:
-            _launching[0] = False
+            ELASTIC_LAUNCH.launching = False
             agent_log.setLevel(agent_level)
             for s, h in handlers.items():
                 signal.signal(s, h)

@@ -37,24 +37,35 @@ from .run_dir import run_log_dir
 from .run_tracker import track_run
 
 INTERRUPT_GRACE_S = 1.0
-_launch_lock = threading.Lock()
-_state = {"last_report": None}
+
+
+@dataclasses.dataclass
+class _KernelLaunches:
+    """This process's launches: one runs at a time, and the last one's report is kept."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    last_report: LaunchReport | None = None
+
+
+# Global on purpose: the kernel is one process whose launches must not overlap (one rendezvous, one
+# cell display), and %distributed_last / kernelside.last_report() ask for the last report from anywhere.
+KERNEL_LAUNCHES = _KernelLaunches()
 
 
 def last_report() -> LaunchReport | None:
     """The report of the most recent launch in this process (success or failure)."""
-    return _state["last_report"]
+    return KERNEL_LAUNCHES.last_report
 
 
 @contextlib.contextmanager
 def keeping_last_report():
     """Runs inside the block do not replace ``last_report()`` (a live session's start-up run, say)."""
-    kept = _state["last_report"]
+    kept = KERNEL_LAUNCHES.last_report
     try:
         yield
     finally:
         if kept is not None:
-            _state["last_report"] = kept
+            KERNEL_LAUNCHES.last_report = kept
 
 
 def plan_for(cfg):
@@ -95,7 +106,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
     req = dataclasses.replace(req, fn=payload.callable_for(plan.start_method), namespace=None)
     for notice in plan.notices:
         out.write(notice + "\n")
-    if not _launch_lock.acquire(blocking=False):
+    if not KERNEL_LAUNCHES.lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
             "launches run one at a time. Wait for it to finish, then launch again."
@@ -106,7 +117,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             blob = None
             return run_engine(engine, req, plan, log_dir, out, err, tracker)
     finally:
-        _launch_lock.release()
+        KERNEL_LAUNCHES.lock.release()
 
 
 def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker=None) -> LaunchOutcome:
@@ -126,7 +137,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         engine=plan.engine,
         return_all=req.return_all,
     )
-    _state["last_report"] = report
+    KERNEL_LAUNCHES.last_report = report
     router = None
     if engine.routes_output:
         router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)

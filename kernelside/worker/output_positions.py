@@ -16,6 +16,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import sys
 
@@ -86,15 +87,11 @@ def positions() -> dict[str, int]:
     return {name: s.buffer.written for name, s in _COUNTED.items()} or {"stdout": 0, "stderr": 0}
 
 
-_LIBC: list = []
-
-
+@functools.cache  # loaded once per process: the C library does not change
 def _libc():
-    if not _LIBC:
-        import ctypes
+    import ctypes
 
-        try:
-            _LIBC.append(ctypes.CDLL(None))
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None

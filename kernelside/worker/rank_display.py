@@ -33,7 +33,19 @@ from . import output_positions
 
 _TARGET_MODULE = "IPython.core.display_functions"
 _REPLACED = ("display", "update_display", "clear_output", "publish_display_data")
-_state: dict = {"events": None, "formatter": None, "figures": False}
+
+
+class _RankDisplay:
+    """Where rank 0's displays go (its event channel), the formatter that makes bundles, whether figures are hooked."""
+
+    events = None
+    formatter = None
+    figures = False
+
+
+# Global on purpose: a rank is one process running one launch, and the display functions replaced in
+# IPython (and matplotlib's show) are process-wide: the trampolines below find their target here.
+RANK_DISPLAY = _RankDisplay()
 
 
 def keep_kernel_formatter(shell) -> None:
@@ -44,7 +56,7 @@ def keep_kernel_formatter(shell) -> None:
     """
     formatter = getattr(shell, "display_formatter", None)
     if formatter is not None:
-        _state["formatter"] = formatter
+        RANK_DISPLAY.formatter = formatter
 
 
 def install(events, rank: int) -> None:
@@ -55,9 +67,9 @@ def install(events, rank: int) -> None:
         >>> install(current().events, rank=0)      # doctest: +SKIP
     """
     if rank != 0:
-        _state["formatter"] = None
+        RANK_DISPLAY.formatter = None
         return
-    _state["events"] = events
+    RANK_DISPLAY.events = events
     output_positions.ensure_counted()
     mod = sys.modules.get(_TARGET_MODULE)
     if mod is not None:
@@ -133,7 +145,7 @@ def publish_display_data(data, metadata=None, *, transient=None, update=False, *
 
 
 def _send(payload: dict) -> None:
-    events = _state["events"]
+    events = RANK_DISPLAY.events
     payload["pos"] = output_positions.positions()  # after this much text, and before what follows
     try:
         events.send("display", payload)
@@ -150,7 +162,7 @@ _RANK_LOCAL_MIMES = ("application/vnd.jupyter.widget-view+json",)
 
 def _format(obj, include, exclude):
     formatter = _formatter()
-    if not _state["figures"]:
+    if not RANK_DISPLAY.figures:
         _enable_figures(obj, formatter)
     data, md = formatter.format(obj, include=include, exclude=exclude)
     for mime in _RANK_LOCAL_MIMES:
@@ -160,11 +172,11 @@ def _format(obj, include, exclude):
 
 
 def _formatter():
-    if _state["formatter"] is None:
+    if RANK_DISPLAY.formatter is None:
         from IPython.core.formatters import DisplayFormatter
 
-        _state["formatter"] = DisplayFormatter()
-    return _state["formatter"]
+        RANK_DISPLAY.formatter = DisplayFormatter()
+    return RANK_DISPLAY.formatter
 
 
 def _enable_figures(obj, formatter) -> None:
@@ -172,7 +184,7 @@ def _enable_figures(obj, formatter) -> None:
     fig_mod = sys.modules.get("matplotlib.figure")
     if fig_mod is None or not isinstance(obj, fig_mod.Figure):
         return
-    _state["figures"] = True
+    RANK_DISPLAY.figures = True
     try:
         formatter.formatters["image/png"].lookup_by_type(fig_mod.Figure)
         return  # the notebook's inline backend registered its formats already
