@@ -89,7 +89,9 @@ def _cheap_key(value):
     numpy = sys.modules.get("numpy")
     if numpy is not None and type(value) is numpy.ndarray and not value.dtype.hasobject:
         data = numpy.ascontiguousarray(value).view(numpy.uint8).reshape(-1)  # a copy only when not contiguous
-        digest = hashlib.blake2b(memoryview(data), digest_size=16).digest()
+        # SHA-1 is not for security here, only to notice a change; where the CPU has SHA instructions it reads
+        # 2-3x faster than blake2b, and this runs for every cell that uses the array
+        digest = hashlib.sha1(memoryview(data), usedforsecurity=False).digest()
         return ("ndarray", id(value), value.shape, value.dtype.str, digest)
     return None
 
