@@ -91,6 +91,9 @@ class LiveMagics(Magics):
         return None
 
 
+# A misspelt or shortened flag is an error, never silently taken for another flag.
+LiveMagics.distributed_start.parser.allow_abbrev = False
+
+
 def register(ipython) -> None:
     ipython.register_magics(LiveMagics)
-    LiveMagics.distributed_start.parser.allow_abbrev = False
