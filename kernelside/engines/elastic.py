@@ -151,7 +151,7 @@ class ElasticEngine:
     def __init__(self, req, plan, log_dir: str, out, err, *, render: str, spawn_blob: bytes | None = None):
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
-        self.req, self.plan, self.log_dir = req, plan, log_dir
+        self.req, self.plan, self.log_dir, self.spawn_blob = req, plan, log_dir, spawn_blob
         self.render = "text" if render == "widgets" else render  # no event pipe: tqdm text bars
         self.n = plan.processes_per_machine
         self.first_rank = plan.machine_rank * self.n
@@ -222,9 +222,10 @@ class ElasticEngine:
             "scope": plan.progress,
             "metrics": plan.metrics,
         }
-        # fork: the workers inherit the function (a cell's whole namespace, say); spawn: it travels by cloudpickle.
+        # fork: the workers inherit the function (a cell's whole namespace, say); spawn: the payload launch()
+        # pickled once (notebook.namespace.Payload), as for the local engine
         work = (req.fn, req.args, req.kwargs)
-        blob = cloudpickle.dumps(work) if plan.start_method == "spawn" else work
+        blob = self.spawn_blob if plan.start_method == "spawn" else work
         handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)}
         # torch's agent logs every worker failure with its stack; the WorkerError says it once, readably.
         agent_log = logging.getLogger("torch.distributed.elastic")
