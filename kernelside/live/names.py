@@ -119,11 +119,21 @@ class NameSender:
                 self.known[name] = (key, _weak(value))
 
     def for_cell(self, program, kernel_ns: dict) -> dict[str, tuple]:
-        """What a cell (``notebook.cell.CellProgram``) needs that the ranks lack: ``collect()``'s answer."""
+        """What a cell (``notebook.cell.CellProgram``) needs that the ranks lack: ``collect()``'s answer.
+
+        Example::
+
+            >>> values = session.names.for_cell(program, kernel_namespace())   # doctest: +SKIP
+        """
         return self.collect(cell_needs(program.source, program.filename, kernel_ns), kernel_ns)
 
     def for_function(self, fn, kernel_ns: dict) -> dict[str, tuple]:
-        """What a notebook function needs (it runs with each rank's namespace as globals) that the ranks lack."""
+        """What a notebook function needs (it runs with each rank's namespace as globals) that the ranks lack.
+
+        Example::
+
+            >>> values = session.names.for_function(train, kernel_namespace())   # doctest: +SKIP
+        """
         return self.collect(function_needs(fn, kernel_ns), kernel_ns)
 
     def collect(self, names, kernel_ns: dict, *, force: bool = False) -> dict[str, tuple]:

@@ -137,7 +137,13 @@ class LiveCells:
 
 
 def cell_target(arguments: dict | None = None, config: str | None = None) -> OneShotCells | LiveCells:
-    """Where a cell run now goes: this kernel's live session when one is running, else a launch of its own."""
+    """Where a cell run now goes: this kernel's live session when one is running, else a launch of its own.
+
+    Example::
+
+        >>> type(cell_target({"num_processes": 2})).__name__      # no live session in this process
+        'OneShotCells'
+    """
     session = live_registry.current()
     if session is not None:
         return LiveCells(session, arguments or {}, config)
@@ -145,7 +151,13 @@ def cell_target(arguments: dict | None = None, config: str | None = None) -> One
 
 
 def parse_ranks(spec, world: int) -> tuple[int, ...] | None:
-    """``--ranks 0`` / ``0,2`` / ``all`` (or a tuple) → the ranks a cell runs on (None: all)."""
+    """``--ranks 0`` / ``0,2`` / ``all`` (or a tuple) → the ranks a cell runs on (None: all).
+
+    Example::
+
+        >>> parse_ranks("2,0", 4), parse_ranks("all", 4)
+        ((0, 2), None)
+    """
     if spec is None or spec == "all":
         return None
     try:
@@ -161,7 +173,13 @@ def parse_ranks(spec, world: int) -> tuple[int, ...] | None:
 
 
 def check_session_flags(session, arguments: dict, config: str | None) -> None:
-    """A per-cell setting that contradicts the session is an error that names both values; nothing runs."""
+    """A per-cell setting that contradicts the session is an error that names both values; nothing runs.
+
+    Example::
+
+        >>> check_session_flags(session, {"num_processes": 8}, None)   # doctest: +SKIP
+        LaunchConfigError: -n 8 contradicts the live session (num_processes is 2 there: ...)
+    """
     if config is not None and config != session.config:
         raise LaunchConfigError(
             "--config",

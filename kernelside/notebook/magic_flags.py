@@ -132,6 +132,12 @@ cell_flags = _flags("per cell (%%distributed)", CELL_FLAGS)
 
 
 def settings(args) -> dict:
-    """The launch settings the parsed flags gave explicitly, under their schema names."""
+    """The launch settings the parsed flags gave explicitly, under their schema names.
+
+    Example::
+
+        >>> settings(parse_argstring(DistributedMagics.distributed, "-n 2 --port 29512"))   # doctest: +SKIP
+        {'num_processes': 2, 'main_process_port': 29512}
+    """
     given = {f.key: getattr(args, f.attr) for f in LAUNCH_FLAGS + CELL_FLAGS if f.key and hasattr(args, f.attr)}
     return config_arguments(**given)

@@ -39,12 +39,24 @@ RANK_NAMES = ("rank", "local_rank", "world_size", "device")
 
 
 def is_notebook_name(name: str) -> bool:
-    """True for a name that may travel from the notebook to a rank (not dunder, IPython's, or a rank's own)."""
+    """True for a name that may travel from the notebook to a rank (not dunder, IPython's, or a rank's own).
+
+    Example::
+
+        >>> is_notebook_name("model"), is_notebook_name("Out"), is_notebook_name("rank")
+        (True, False, False)
+    """
     return not name.startswith("__") and name not in NOT_CAPTURED and name not in RANK_NAMES
 
 
 def is_notebook_function(value) -> bool:
-    """A function the notebook itself defined (its globals are the notebook's)."""
+    """A function the notebook itself defined (its globals are the notebook's).
+
+    Example::
+
+        >>> is_notebook_function(len)
+        False
+    """
     return isinstance(value, types.FunctionType) and value.__module__ == "__main__"
 
 
@@ -52,7 +64,13 @@ def is_notebook_function(value) -> bool:
 
 
 def names_read(source: str, filename: str) -> set[str]:
-    """Every global name the code (nested functions and classes included) may read."""
+    """Every global name the code (nested functions and classes included) may read.
+
+    Example::
+
+        >>> sorted(names_read("def f():\\n    return lr\\ny = f()", "<cell>"))
+        ['f', 'lr', 'y']
+    """
     names: set[str] = set()
 
     def walk(code: types.CodeType):
@@ -66,7 +84,13 @@ def names_read(source: str, filename: str) -> set[str]:
 
 
 def names_assigned(source: str, filename: str) -> set[str]:
-    """The global names a cell binds: top-level assignments, imports, defs, and ``global`` stores."""
+    """The global names a cell binds: top-level assignments, imports, defs, and ``global`` stores.
+
+    Example::
+
+        >>> sorted(names_assigned("import os\\nx = lr\\ndef f():\\n    global g\\n    g = 1", "<cell>"))
+        ['f', 'g', 'os', 'x']
+    """
     names: set[str] = set()
 
     def walk(code: types.CodeType, top: bool) -> None:
@@ -82,7 +106,13 @@ def names_assigned(source: str, filename: str) -> set[str]:
 
 
 def function_reads(fn, ns: dict, seen: set[str] | None = None) -> set[str]:
-    """The notebook names ``fn`` reads, and those of the notebook functions it calls, by name."""
+    """The notebook names ``fn`` reads, and those of the notebook functions it calls, by name.
+
+    Example::
+
+        >>> function_reads(lambda: lr * 2, {"lr": 0.1, "other": 1})
+        {'lr'}
+    """
     seen = set() if seen is None else seen
     stack = [fn.__code__]
     while stack:
@@ -107,7 +137,13 @@ def cell_needs(source: str, filename: str, ns: dict) -> set[str]:
 
 
 def function_needs(fn, ns: dict) -> set[str]:
-    """The notebook names a function needs on a rank whose namespace is its globals (empty for others)."""
+    """The notebook names a function needs on a rank whose namespace is its globals (empty for others).
+
+    Example::
+
+        >>> function_needs(print, {"lr": 0.1})      # not a notebook function: its globals travel with it
+        set()
+    """
     if not is_notebook_function(fn):
         return set()
     return {n for n in function_reads(fn, ns) if is_notebook_name(n)}
@@ -157,7 +193,13 @@ def cell_free_names(source: str) -> set[str]:
 
 
 def definition_refs(source: str, own_name: str) -> set[str]:
-    """The module-level names a function's or class's source reads, itself excepted."""
+    """The module-level names a function's or class's source reads, itself excepted.
+
+    Example::
+
+        >>> sorted(definition_refs("def train():\\n    return train, lr", "train"))
+        ['lr']
+    """
     return _global_refs(symtable.symtable(source, "<definition>", "exec"), True) - {own_name}
 
 
