@@ -29,10 +29,11 @@ class RunTracker:
     def __init__(self, writer: RunStateWriter, control: RunControl | None):
         self.writer, self.control = writer, control
 
-    def attach(self, sel, on_stop) -> None:
-        """Serve Stop from ``sel``'s loop; ``on_stop()`` stops the run (True) or says it is already stopping."""
+    def attach(self, sel, on_stop, on_stacks=None) -> None:
+        """Serve Stop from ``sel``'s loop; ``on_stop()`` stops the run (True) or says it is already stopping;
+        ``on_stacks()`` names the ranks to ask for their stacks (``RunControl.register``)."""
         if self.control is not None:
-            self.control.register(sel, on_stop)
+            self.control.register(sel, on_stop, on_stacks)
 
     def tick(self, report) -> None:
         """Called on every turn of the kernel loop; writes only on change or every WRITE_EVERY_S."""

@@ -23,6 +23,7 @@ import time
 
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
+from ..run_contract import RankState
 
 SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
@@ -53,7 +54,7 @@ class LiveRunEngine:
 
     def start(self, recorder) -> None:
         workers = self.session.world.group.workers
-        recorder.add_ranks((w.rank, w.pid) for w in workers if w.rank in self.ranks)
+        recorder.add_ranks(((w.rank, w.pid) for w in workers if w.rank in self.ranks), request=self.req_id)
         recorder.report.session = self.label
         self.recorder = recorder
         if self.blob is not None:
@@ -117,7 +118,7 @@ class LiveRunEngine:
         ).run()
 
     def _back(self, rank: int) -> bool:
-        return self.recorder is not None and self.recorder.idle.get(rank, {}).get("cell") == self.req_id
+        return self.recorder is not None and self.recorder.rank_state(rank) is RankState.IDLE
 
     def _all_back(self, recorder) -> bool:
         """The loop's end condition; while stopping, it also repeats the interrupt for ranks not back yet."""
@@ -133,9 +134,7 @@ class LiveRunEngine:
         dead = [w for w in workers if self.session.world.group.poll(w) is not None]
         if dead:
             return "; ".join(f"rank {w.rank} (pid {w.pid}) ended: {w.status.describe()}" for w in dead)
-        stuck = [
-            w.rank for w in workers if w.rank in self.ranks and recorder.idle.get(w.rank, {}).get("cell") != self.req_id
-        ]
+        stuck = [w.rank for w in workers if w.rank in self.ranks and recorder.rank_state(w.rank) is not RankState.IDLE]
         if stuck:
             names = ", ".join(map(str, stuck))
             return (

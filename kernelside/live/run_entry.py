@@ -31,8 +31,10 @@ import selectors
 import threading
 import time
 
+from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
 from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
+from ..run_contract import FINAL_RUN_STATES, rank_log_name
 
 ENGINE = "local (live)"
 PANEL_STOPPED = (
@@ -82,7 +84,7 @@ class LiveRunEntry:
                 rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
         self._write("starting" if self.engine is None or self.engine.req_id == 0 else "running", throttle=True)
 
-    def attach(self, sel, on_stop) -> None:
+    def attach(self, sel, on_stop, on_stacks=None) -> None:
         """The kernel loop's hook for a channel served from its selector: this one is served by its own thread."""
 
     def end(self, engine, report, is_cell: bool) -> None:
@@ -114,7 +116,7 @@ class LiveRunEntry:
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         try:
-            self.control.register(sel, self._on_stop)
+            self.control.register(sel, self._on_stop, self._stack_targets)
             sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
             while not self.ended:
                 for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
@@ -127,6 +129,14 @@ class LiveRunEntry:
         finally:
             sel.close()
             _close(self._quit_r, self._quit_w)
+
+    def _stack_targets(self) -> list:
+        """The live ranks to ask for stacks, between cells too; none while the world is being replaced."""
+        world = self.session.world
+        group = getattr(world, "group", None) if world is not None and not self.ended else None
+        if group is None or getattr(group, "closed", False):
+            return []
+        return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
     def _on_stop(self) -> bool:
         """From the control socket: True if this Stop began stopping the session."""
@@ -198,22 +208,19 @@ class LiveRunEntry:
 
     def _ranks(self, state: str) -> list[dict]:
         world = self.session.world
-        busy = set(getattr(self.engine, "ranks", ())) if state == "running" else set()
         rec = getattr(self.engine, "recorder", None)
-        req_id = getattr(self.engine, "req_id", None)
+        in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []
         for wk in world.group.workers if world is not None else ():
             pid = wk.pid or None
             if pid not in self.writer.pid_starts:
                 self.writer.pid_starts[pid] = proc_start_time(pid)
-            if wk.status is not None or state in ("done", "stopped", "failed"):
-                rank_state = "dead"
-            elif state == "starting":
-                rank_state = "starting"
-            elif wk.rank in busy and not (rec is not None and rec.idle.get(wk.rank, {}).get("cell") == req_id):
-                rank_state = "busy"
-            else:
-                rank_state = "idle"
+            rank_state = live_rank_state(
+                process_ended=wk.status is not None,
+                session_over=state in FINAL_RUN_STATES,
+                starting=state == "starting",
+                in_request=in_request.get(wk.rank),
+            )
             rows.append(
                 {
                     "rank": wk.rank,
@@ -221,7 +228,7 @@ class LiveRunEntry:
                     "pid_start": self.writer.pid_starts[pid],
                     "state": rank_state,
                     "exit": wk.status.describe() if wk.status is not None else None,
-                    "log": f"rank{wk.rank}.log",
+                    "log": rank_log_name(wk.rank),
                     "gpu": None,
                 }
             )

@@ -34,10 +34,12 @@ from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..engines.local import LocalEngine
 from ..errors import LaunchConfigError, LaunchError
+from ..launch.recorder import live_rank_state
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, plan_for, run_engine
 from ..notebook.namespace import names_assigned
+from ..run_contract import RankState
 from . import registry
 from .names import NameSender, dumps
 from .request_engine import LiveRunEngine
@@ -358,13 +360,13 @@ class LiveSession:
 
     def status(self) -> list[dict]:
         """Per rank: pid, idle/busy, cells run, memory (RSS bytes)."""
-        rows = []
+        rows, now = [], {"starting": not self.ready, "in_request": RankState.BUSY if self.busy else None}
         for w in self.world.group.workers if self.world else ():
             rows.append(
                 {
                     "rank": w.rank,
                     "pid": w.pid,
-                    "state": "ended" if w.status else ("busy" if self.busy else ("idle" if self.ready else "starting")),
+                    "state": live_rank_state(process_ended=bool(w.status), session_over=False, **now),
                     "cells": self.cells_run[w.rank],
                     "rss": _rss(w.pid),
                 }
