@@ -34,13 +34,21 @@ def _get(url: str, token: str, timeout: float = 60):
         return json.loads(response.read())
 
 
+def _cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) the process has used: unlike wall time, other users' load barely moves it."""
+    with open(f"/proc/{pid}/stat") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _maps_torch(pid: int) -> bool:
     with open(f"/proc/{pid}/maps") as fh:
         return "libtorch" in fh.read()
 
 
-def start_once(source: str, with_extension: bool) -> tuple[float, bool | None]:
-    """Seconds until ``/api/status`` answers, and (with the extension) whether libtorch got mapped."""
+def start_once(source: str, with_extension: bool) -> tuple[float, float, bool | None]:
+    """Seconds until ``/api/status`` answers, the server's CPU seconds by then, and (with the extension)
+    whether libtorch got mapped after the three routes."""
     root = tempfile.mkdtemp(prefix="nblaunch-bench-start-")
     port, token = free_port(), secrets.token_hex(16)
     env = {**os.environ, "PYTHONPATH": source + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -64,12 +72,13 @@ def start_once(source: str, with_extension: bool) -> tuple[float, bool | None]:
                     raise SystemExit("jupyter server did not start") from None
                 time.sleep(0.02)
         elapsed = time.monotonic() - t0
+        cpu = _cpu_seconds(server.pid)
         torch_mapped = None
         if with_extension:
             for route in ("config", "runs", "hardware"):
                 _get(f"{base}/nblaunch/{route}", token)
             torch_mapped = _maps_torch(server.pid)
-        return elapsed, torch_mapped
+        return elapsed, cpu, torch_mapped
     finally:
         server.send_signal(signal.SIGTERM)
         try:
@@ -88,35 +97,40 @@ def main() -> int:
     sources = [os.path.abspath(p) for p in ns.source or [REPO]]
     repeat = 1 if ns.quick else ns.repeat
     times = {(src, ext): [] for src in sources for ext in (True, False)}
+    cpus = {key: [] for key in times}
     mapped: dict[str, list[bool]] = {src: [] for src in sources}
     start_once(sources[0], False)  # warm the page cache: the first start of a day is not the question
     for i in range(repeat):
         order = list(times)
         order = order[i % len(order) :] + order[: i % len(order)]  # interleaved, rotating which goes first
         for src, with_ext in order:
-            elapsed, torch_mapped = start_once(src, with_ext)
+            elapsed, cpu, torch_mapped = start_once(src, with_ext)
             times[(src, with_ext)].append(elapsed)
+            cpus[(src, with_ext)].append(cpu)
             if torch_mapped is not None:
                 mapped[src].append(torch_mapped)
-            note(f"{src} {'with' if with_ext else 'without'} the extension: {elapsed:.2f} s")
+            note(f"{src} {'with' if with_ext else 'without'} the extension: {elapsed:.2f} s, CPU {cpu:.2f} s")
     lines = [
         f"# jupyter server start-up, with and without nblaunch's extension ({machine('CPU')})",
         f"command: python -m bench.server_start {' '.join(sys.argv[1:])}; until /api/status answers, "
         f"median of {repeat} starts each, interleaved",
         "",
-        "| code | without the extension (s) | with it (s) | ratio | libtorch mapped after the 3 routes |",
-        "|---|---|---|---|---|",
+        "| code | without the extension (s) | with it (s) | ratio | server CPU s without / with (ratio) "
+        "| libtorch mapped after the 3 routes |",
+        "|---|---|---|---|---|---|",
     ]
     for src in sources:
         head = subprocess.run(["git", "-C", src, "log", "-1", "--format=%h %s"], capture_output=True, text=True)
         without_s, with_s = statistics.median(times[(src, False)]), statistics.median(times[(src, True)])
         each = [", ".join(f"{t:.2f}" for t in times[(src, ext)]) for ext in (False, True)]
         starts = " / ".join(each)
+        cpu_without, cpu_with = statistics.median(cpus[(src, False)]), statistics.median(cpus[(src, True)])
         lines.append(
             f"| {src} ({head.stdout.strip()[:60] or 'not a git checkout'}) | {without_s:.2f} | {with_s:.2f} | "
-            f"{with_s / without_s:.2f}x | {'yes' if any(mapped[src]) else 'no'} |"
+            f"{with_s / without_s:.2f}x | {cpu_without:.2f} / {cpu_with:.2f} ({cpu_with / cpu_without:.2f}x) | "
+            f"{'yes' if any(mapped[src]) else 'no'} |"
         )
-        lines.append(f"| (each start, without / with) | {starts} | | | |")
+        lines.append(f"| (each start, without / with) | {starts} | | | | |")
     write_result("server_start", ns.quick, "\n".join(lines) + "\n")
     return 0
 

@@ -29,7 +29,15 @@ from pathlib import Path
 
 from kernelside import config
 from kernelside.errors import LaunchConfigError
-from kernelside.run_contract import LIVE_RUN_STATES, RUN_ID, STATE_FILE, WRITTEN_RUN_STATES, RunState, runs_base
+from kernelside.run_contract import (
+    LIVE_RUN_STATES,
+    RUN_ID,
+    STATE_FILE,
+    WRITTEN_RUN_STATES,
+    RunState,
+    rank_log_name,
+    runs_base,
+)
 
 from .errors import PanelRequestError
 from .rank_resources import RankSampler
@@ -122,10 +130,10 @@ class RunFolders:
             state = d.read_json(STATE_FILE) or {}
             live = self._summary(d, state, d.in_use())["live"]
             try:
-                got = d.read_log(f"rank{rank}.log", tail=tail, offset=offset)
+                got = d.read_log(rank_log_name(rank), tail=tail, offset=offset)
             except RunFileError as e:
                 raise PanelRequestError(e.status, f"rank {rank} of {run_id}: {e}") from None
-        return {"id": run_id, "rank": rank, "log": f"rank{rank}.log", "live": live, **got}
+        return {"id": run_id, "rank": rank, "log": rank_log_name(rank), "live": live, **got}
 
     # -- Stop -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ the Jupyter server never loads torch by reading a run.
     .in-use        locked (flock) by the kernel for as long as the run is live (IN_USE_FILE)
     control.sock   the kernel's Stop channel while the run is live (CONTROL_SOCKET)
     rank<N>.log    rank N's output (rank_log_name(N))
+    rank<N>.stacks rank N's stacks, dumped on request (rank_stacks_name(N); the kernel reads them)
 
 **State file** (``FORMAT_VERSION`` 1), a JSON object: ``version``, ``id``, ``engine``, ``control``
 (the run takes Stop), ``notebook``, ``kernel_id``, ``kernel_pid``, ``kernel_pid_start``, ``started``
@@ -71,6 +72,17 @@ def rank_log_name(rank: int) -> str:
         'rank3.log'
     """
     return f"rank{rank}.log"
+
+
+def rank_stacks_name(rank: int) -> str:
+    """The file name where rank ``rank`` dumps its stacks when its kernel asks (``worker/stack_signal.py``).
+
+    Example::
+
+        >>> rank_stacks_name(0)
+        'rank0.stacks'
+    """
+    return f"rank{rank}.stacks"
 
 
 def proc_start_time(pid: int | None) -> int | None:

@@ -200,3 +200,20 @@ def test_the_path_finder_reports_a_path_to_torch_it_is_given():
     found = path_to("jupyter_ext.runs", lambda n: graph.get(n, set()), TORCH)
     assert found == ["jupyter_ext.runs", "kernelside.launch.x", "torch.cuda"]
     assert path_to("jupyter_ext.runs", lambda n: graph.get(n, set()) - {"torch.cuda"}, TORCH) is None
+
+
+def test_importing_kernelside_loads_no_torch_yet_guards_cuda_from_then_on_and_every_public_name_works():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, kernelside\n"
+        "print('torch' in sys.modules)\n"
+        "import torch\n"  # after kernelside: the guard must be on torch.cuda all the same
+        "print(getattr(torch.cuda._lazy_init, '_nblaunch_wrapped', False))\n"
+        "print(all(callable(getattr(kernelside, n)) for n in kernelside.__all__))\n"
+        "print(kernelside.WorkerError.__module__, issubclass(kernelside.LaunchTimeoutError, kernelside.WorkerError))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:4] == ["False", "True", "True", "kernelside.errors True"]

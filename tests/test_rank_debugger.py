@@ -21,9 +21,10 @@ def _answers(*values):
     return lambda prompt, password: next(it)
 
 
-def test_breakpoint_on_rank_1_prompts_in_the_cell_with_the_rank_and_shows_its_frame(kernel):
+@pytest.mark.parametrize("start_method", ["fork", "spawn"])
+def test_breakpoint_on_rank_1_prompts_in_the_cell_with_the_rank_and_shows_its_frame(kernel, start_method):
     cell = kernel.run(
-        """%%distributed -n 2
+        f"""%%distributed -n 2 --start-method {start_method}
 x = 10 * (rank + 1)
 if rank == 1:
     breakpoint()

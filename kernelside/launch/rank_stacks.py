@@ -120,6 +120,20 @@ class StackRequest:
         return {"ranks": ranks}
 
 
+def remove_files(run_dir: str) -> None:
+    """The run is over: its ranks' stack files go (they only serve requests while it runs)."""
+    try:
+        names = os.listdir(run_dir)
+    except OSError:
+        return
+    for name in names:
+        if name.startswith("rank") and (name.endswith(".stacks") or ".stacks." in name):
+            try:
+                os.unlink(os.path.join(run_dir, name))
+            except OSError:
+                pass
+
+
 def parse_dump(text: str, main: str, label=None) -> dict:
     """faulthandler's text → the main thread's frames (outermost first), its collective, the other threads."""
     threads: dict[str, list[dict]] = {}
@@ -127,7 +141,9 @@ def parse_dump(text: str, main: str, label=None) -> dict:
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:
-            current = threads.setdefault(m.group(2), [])
+            if m.group(2) in threads:
+                break  # a thread seen again: the dump of a request asked just after this one begins
+            current = threads[m.group(2)] = []
             continue
         m = _FRAME.match(line)
         if m and current is not None:

@@ -160,7 +160,11 @@ class RunControl:
         if self.on_stacks is None:
             _send_and_close(conn, {"ok": False, "message": "this run cannot show its ranks' stacks"})
             return
-        request = rank_stacks.StackRequest.send(self.run_dir, self.on_stacks())
+        try:
+            request = rank_stacks.StackRequest.send(self.run_dir, self.on_stacks())
+        except Exception as e:  # noqa: BLE001 - the run goes on; the asker gets the reason
+            _send_and_close(conn, {"ok": False, "message": f"the ranks could not be asked: {type(e).__name__}: {e}"})
+            return
         t = threading.Thread(target=_collect_and_reply, args=(conn, request), name="nblaunch-stacks", daemon=True)
         self.answering = [a for a in self.answering if a.is_alive()] + [t]
         t.start()

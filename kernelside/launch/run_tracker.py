@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from . import rank_stacks
 from .run_control import RunControl
 from .run_state import RunStateWriter
 
@@ -42,6 +43,7 @@ class RunTracker:
     def finish(self, report, error: BaseException | None) -> None:
         if self.control is not None:
             self.control.close()  # first: a Stop from now on finds no owner instead of no answer
+        rank_stacks.remove_files(self.writer.run_dir)
         self.writer.update(report, final=True, error=error)
 
 

@@ -31,6 +31,7 @@ import selectors
 import threading
 import time
 
+from ..launch import rank_stacks
 from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
 from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
@@ -110,6 +111,7 @@ class LiveRunEntry:
             self.thread.join(5)
         if self.control is not None:
             self.control.close()
+        rank_stacks.remove_files(self.session.log_dir)
         self._write(state, final=True, error=error)
 
     # -- the Stop channel's thread ---------------------------------------------------------

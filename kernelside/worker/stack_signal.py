@@ -20,13 +20,15 @@ import os
 import signal
 import threading
 
+from ..run_contract import rank_stacks_name
+
 STACKS_SIGNAL = signal.SIGRTMIN + 5  # a real-time signal: SIGUSR1/2 belong to users (SLURM, Lightning)
 HEADER = "nblaunch-stacks main=0x"  # first line of a rank's file: which thread is its main thread
 
 
 def stacks_path(run_dir: str, rank: int) -> str:
     """Where rank ``rank`` of the run in ``run_dir`` dumps its stacks (the rank and the kernel agree on it)."""
-    return os.path.join(run_dir, f"rank{rank}.stacks")
+    return os.path.join(run_dir, rank_stacks_name(rank))
 
 
 def install(path: str) -> None:
