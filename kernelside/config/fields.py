@@ -73,9 +73,10 @@ FIELDS: tuple[Field, ...] = (
         "start_method",
         "str",
         "auto",
-        "How workers start. auto: fork unless CUDA is already initialized in the kernel, then spawn.",
+        "How workers start. auto: fork unless CUDA is already initialized in the kernel, then the forkserver "
+        "(ranks forked from a clean process that holds torch); spawn: fresh interpreters.",
         "processes",
-        choices=("auto", "fork", "spawn"),
+        choices=("auto", "fork", "forkserver", "spawn"),
     ),
     Field(
         "mixed_precision",

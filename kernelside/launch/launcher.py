@@ -59,7 +59,7 @@ def notebook_launcher(
 
     Takes every argument of ``accelerate.notebook_launcher`` with the same meaning, so replacing
     the import is enough. Keyword-only extras: ``backend`` ("auto" | "nccl" | "gloo"),
-    ``start_method`` ("auto" | "fork" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
+    ``start_method`` ("auto" | "fork" | "forkserver" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
     ("rank0" | "all" | "none"), ``return_all`` (list of every rank's value), ``timeout``
     (seconds), ``config`` (path of an nblaunch.yaml), ``kwargs`` (keyword arguments for
     ``function``), ``engine`` ("local" | "ray": Ray Train on the cluster at ``ray_address``), ``metrics``

@@ -21,6 +21,7 @@ import threading
 import time
 
 from ..config import resolve_config
+from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
 from ..engines.table import engine_class
@@ -102,7 +103,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         )
     # the payload's transport: forked ranks inherit the notebook, the others get the names it reads, pickled
     payload = Payload(req.fn, req.args, req.kwargs, req.namespace, req.describe_args)
-    blob = payload.pickled() if plan.start_method == "spawn" else None
+    blob = payload.pickled() if plan.start_method in ("spawn", "forkserver") else None
     req = dataclasses.replace(req, fn=payload.callable_for(plan.start_method), namespace=None)
     for notice in plan.notices:
         out.write(notice + "\n")
@@ -130,7 +131,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,
-        start_method=plan.start_method,
+        start_method=getattr(engine, "start_method", plan.start_method),  # (forkserver may fall back to spawn)
         port=engine.port or 0,
         log_dir=log_dir,
         started_at=time.time(),
@@ -141,7 +142,9 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     router = None
     if engine.routes_output:
         router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
-    display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    # a live cell draws its display only once there is something to show (display/deferred_display.py)
+    make = deferred_run_display if getattr(engine, "defer_display", False) else make_run_display
+    display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
     recorder = RunRecorder(
         report,
         clock=engine.clock,

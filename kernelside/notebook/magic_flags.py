@@ -58,7 +58,7 @@ LAUNCH_FLAGS = (
     ),
     Flag(
         ("--start-method",),
-        "auto | fork | spawn (auto: fork unless CUDA is initialized here).",
+        "auto | fork | forkserver | spawn (auto: fork unless CUDA is initialized here, else forkserver).",
         key="start_method",
         session=True,
     ),
