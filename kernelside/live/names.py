@@ -36,7 +36,7 @@ import weakref
 import cloudpickle
 
 from ..errors import LaunchConfigError
-from ..notebook.namespace import cell_needs, function_needs, is_notebook_name
+from ..notebook.namespace import cell_needs, function_needs, is_notebook_name, names_assigned
 from ..worker.live_rank import rebuild_function
 
 _BY_IDENTITY = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType)
@@ -118,14 +118,16 @@ class NameSender:
             if key is not None and key[0] in ("tensor", "object"):
                 self.known[name] = (key, _weak(value))
 
-    def for_cell(self, program, kernel_ns: dict) -> dict[str, tuple]:
-        """What a cell (``notebook.cell.CellProgram``) needs that the ranks lack: ``collect()``'s answer.
+    def for_cell(self, program, kernel_ns: dict) -> tuple[dict[str, tuple], set[str]]:
+        """What a cell (``notebook.cell.CellProgram``) needs that the ranks lack (``collect()``'s answer), and the
+        names it assigns (the ranks' own once it ran: give them to ``sent()``).
 
         Example::
 
-            >>> values = session.names.for_cell(program, kernel_namespace())   # doctest: +SKIP
+            >>> values, assigned = session.names.for_cell(program, kernel_namespace())   # doctest: +SKIP
         """
-        return self.collect(cell_needs(program.source, program.filename, kernel_ns), kernel_ns)
+        needed = cell_needs(program.source, program.filename, kernel_ns)
+        return self.collect(needed, kernel_ns), names_assigned(program.source, program.filename)
 
     def for_function(self, fn, kernel_ns: dict) -> dict[str, tuple]:
         """What a notebook function needs (it runs with each rank's namespace as globals) that the ranks lack.

@@ -139,5 +139,6 @@ def settings(args) -> dict:
         >>> settings(parse_argstring(DistributedMagics.distributed, "-n 2 --port 29512"))   # doctest: +SKIP
         {'num_processes': 2, 'main_process_port': 29512}
     """
-    given = {f.key: getattr(args, f.attr) for f in LAUNCH_FLAGS + CELL_FLAGS if f.key and hasattr(args, f.attr)}
-    return config_arguments(**given)
+    # under the flag's own name (port, not main_process_port): an invalid value's error names the flag as written
+    given = {f.attr: getattr(args, f.attr) for f in LAUNCH_FLAGS + CELL_FLAGS if f.key and hasattr(args, f.attr)}
+    return config_arguments("flag", **given)

@@ -16,19 +16,17 @@ Example (in a notebook)::
 
 from __future__ import annotations
 
-import sys
-
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
-from ..engines.table import engine_class
 from ..errors import LaunchConfigError
-from ..launch import hardware
-from ..launch.runner import last_report, plan_for
+from ..launch.runner import last_report
 from ..live import registry as live_session
+from .cell_label import cell_label
 from .cell_targets import CellRequest, cell_target
+from .config_report import config_report
 from .export import CellRecord, export_cell, export_function, last_cell
 from .magic_flags import cell_flags, launch_flags, settings
 
@@ -77,7 +75,7 @@ class DistributedMagics(Magics):
         args = parse_argstring(self.distributed, line)
         request = CellRequest(
             cell,
-            label=f"In[{self.shell.execution_count}]",
+            label=cell_label(self.shell),
             return_names=_names(args.return_names),
             return_from=_return_from(args.return_from),
             ranks=args.ranks,
@@ -102,7 +100,7 @@ class DistributedMagics(Magics):
         """
         args = parse_argstring(self.distributed_export, line)
         ns = self.shell.user_ns
-        overrides = config_arguments(num_processes=args.num_processes, port=args.port)
+        overrides = config_arguments("flag", num_processes=args.num_processes, port=args.port)
         if args.function is None:
             record = last_cell()
             if record is None:
@@ -133,32 +131,15 @@ class DistributedMagics(Magics):
 
     @line_magic
     def distributed_config(self, line):
-        """Show the configuration the next launch would use, where each value comes from, and the plan."""
+        """Show the configuration the next launch would use: what differs from the defaults first and where it
+        comes from, values a launch would refuse, then the defaults and the plan."""
         path = line.strip() or None
         session = live_session.current()
         if session is not None:
             print(f"live session: {session.describe()} (cells run on it; %distributed_status for its ranks)")
         else:
             print("live session: none (each %%distributed cell starts its own workers; %distributed_start for one)")
-        cfg = resolve_config({}, config=path)
-        gpus = hardware.gpu_count()
-        out = [f"config file: {cfg.path or '(none found; using defaults)'}"]
-        width = max(len(k) for k in cfg.values)
-        for k, v in cfg.values.items():
-            out.append(f"  {k:<{width}}  {v!r:<24} from {cfg.sources[k]}")
-        out += [f"  warning: {w}" for w in cfg.warnings]
-        out.append(f"detected: {gpus} GPU(s), {_cpu_count()} CPU core(s), python {sys.executable}")
-        try:
-            plan = plan_for(cfg)
-            engine_class(plan.engine)  # a missing engine library is named here too
-            out.append(
-                f"plan: {plan.num_processes} processes, backend {plan.backend}, devices "
-                f"{[plan.device_for(r) for r in range(plan.num_processes)]}"
-            )
-            out.append(f"start method: {plan.start_method} ({plan.start_reason.removeprefix('nblaunch: ')})")
-        except (LaunchConfigError, NotImplementedError) as e:
-            out.append(f"plan: not possible: {e}")
-        print("\n".join(out))
+        print(config_report(resolve_config({}, config=path, lenient=True)))
 
     @line_magic
     def distributed_last(self, line):
@@ -172,12 +153,6 @@ class DistributedMagics(Magics):
 # A misspelt or shortened flag is an error, never silently taken for another flag.
 DistributedMagics.distributed.parser.allow_abbrev = False
 DistributedMagics.distributed_export.parser.allow_abbrev = False
-
-
-def _cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def register(ipython) -> None:
