@@ -23,7 +23,7 @@ SHOW_AFTER_S = 1.0
 
 
 class DeferredRunDisplay:
-    """The ``RunDisplay`` interface (show, on_event, tick, finish); the real display is made on first need."""
+    """The ``RunDisplay`` interface (show, on_event, tick, finish, session_ended), the real one made on need."""
 
     def __init__(self, report, output: str, scope: str):
         self.report, self.output, self.scope = report, output, scope
@@ -53,6 +53,11 @@ class DeferredRunDisplay:
     def finish(self, error: BaseException | None) -> None:
         if self.real is not None:
             self.real.finish(error)
+
+    def session_ended(self, text: str) -> None:
+        """A live session's start cell, when the session stops (a display never drawn has no line to change)."""
+        if self.real is not None:
+            self.real.session_ended(text)
 
 
 def deferred_run_display(report, output: str, scope: str) -> DeferredRunDisplay | None:
