@@ -23,7 +23,7 @@ SHOW_AFTER_S = 1.0
 
 
 class DeferredRunDisplay:
-    """The ``RunDisplay`` interface (show, on_event, tick, finish, session_ended), the real one made on need."""
+    """The ``RunDisplay`` interface (show, on_event, tick, finish); the real display is made on first need."""
 
     def __init__(self, report, output: str, scope: str):
         self.report, self.output, self.scope = report, output, scope
@@ -55,9 +55,7 @@ class DeferredRunDisplay:
             self.real.finish(error)
 
     def session_ended(self, text: str) -> None:
-        """A live session's start cell, when the session stops (a display never drawn has no line to change)."""
-        if self.real is not None:
-            self.real.session_ended(text)
+        self._draw().session_ended(text)  # a live session's end is worth a line even where nothing was drawn yet
 
 
 def deferred_run_display(report, output: str, scope: str) -> DeferredRunDisplay | None:
