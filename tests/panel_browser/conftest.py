@@ -185,8 +185,13 @@ def browser_page(tmp_path):
             args=CHROMIUM_FLAGS,
             viewport={"width": 1280, "height": 900},
         )
+        console: list[str] = []  # the page's console and uncaught errors, kept as an artifact for a failure's reader
         try:
             page = context.pages[0] if context.pages else context.new_page()
+            page.on("console", lambda m: console.append(f"[{m.type}] {m.text}"))
+            page.on("pageerror", lambda e: console.append(f"[pageerror] {e}"))
             yield page
         finally:
             context.close()
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "browser-console.log").write_text("\n".join(console) + "\n")
