@@ -3,12 +3,19 @@
 ``LiveRunEngine`` has the engine interface of ``engines.table`` and goes through the same
 ``launch.engine.run_engine`` as a one-shot launch (same report, output routing, widgets and
 RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
-part is back to ``idle`` for this request (not when processes exit), and stopping a rank means
-SIGINT (``KeyboardInterrupt`` in its Python code), not SIGTERM. A rank that is not back to idle
-within ``SETTLE_S`` of the stop — stuck in a C-level collective, which no Python interrupt
-reaches under gloo — a rank that died, or ranks whose process group is out of step (they ran
-different numbers of collectives) mean the world cannot go on: it is restarted (new processes,
-same flags), and the error says so plainly.
+part is back to ``idle`` for this request (not when processes exit), and stopping a rank brings it
+back to idle with its namespace instead of ending it:
+
+- SIGINT (``KeyboardInterrupt`` in its Python code), after asking it where it is (``where``);
+- a rank still not back ``ABORT_AFTER_S`` later waits in a C-level collective, which no Python
+  interrupt reaches under gloo: every rank is told to ``abort`` (close its process-group sockets,
+  ``worker.live_rescue``), so every blocked collective raises at once;
+- then, if the group was aborted or the ranks ran different numbers of collectives, every rank
+  ``rebuild``s the default group in place (same processes, DDP models re-pointed).
+
+Ranks that wait in different collectives (``waiting`` events) are named as the failure at once.
+Only a rank that died, or one that cannot come back or rebuild, means the world is restarted (new
+processes, same flags), and the error says so plainly.
 
 Example::
 
@@ -18,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 
@@ -26,7 +34,10 @@ from ..errors import CellInterrupted
 
 SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
+ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every rank closes its group sockets
+REBUILD_S = 30.0  # the longest a process-group rebuild may take before the world is restarted instead
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
+REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
 
 
 class LiveRunEngine:
@@ -46,6 +57,11 @@ class LiveRunEngine:
         self.signalled_at: float | None = None
         self.recorder = None
         self.restart_reason: str | None = None
+        self.aborted = False  # every rank was told to close its process-group sockets
+        self.rebuilt: int | None = None  # the group generation every rank came back with
+        self.where: dict[int, dict] = {}  # rank -> where it was when stopped (worker.live_rescue.where_main)
+        self.waiting: dict[int, dict] = {}  # rank -> the collective it has waited in for a while
+        self.mismatch = False  # the failure is ranks waiting in collectives that never meet (said in full)
 
     # -- the engine interface --------------------------------------------------------------
     def prepare(self) -> None:
@@ -61,18 +77,18 @@ class LiveRunEngine:
             self.blob = None  # the kernel keeps no copy of what it sent
 
     def stop(self) -> None:
-        """The first failure (or Ctrl-C, or the timeout): KeyboardInterrupt in every rank still running it."""
+        """The first failure (or Ctrl-C, or the timeout): every rank still running it comes back to idle."""
         if self.signalled_at is None:
+            self._control("where", self._running())
             self._interrupt()
 
-    def _interrupt(self) -> None:
-        self.signalled_at = time.monotonic()
-        for w in self.session.world.group.workers:
-            if w.rank in self.ranks and w.status is None and not self._back(w.rank):
-                try:
-                    os.killpg(w.pid, signal.SIGINT)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    def on_event(self, rank: int, kind: str, payload) -> None:
+        """The recorder's hook: where a stopped rank was; a rank waiting long in a collective."""
+        if kind == "where" and payload.get("cell") == self.req_id:
+            self.where[rank] = payload
+        elif kind == "waiting":
+            self.waiting[rank] = payload
+            self._check_mismatch()
 
     def wait(self, recorder) -> None:
         try:
@@ -81,15 +97,28 @@ class LiveRunEngine:
             recorder.stop_for_interrupt()
             try:
                 self._loop(recorder, timeout=None, give_up_at=time.monotonic() + SETTLE_S)
+                self._rebuild_if_needed(recorder)
             except KeyboardInterrupt:
                 pass  # a second Ctrl-C: no more waiting, the restart below
-            back = "every rank stopped the cell and kept its state" if self._all_back(recorder) else ""
-            raise CellInterrupted(back or "the cell was interrupted") from None
+            back = self._all_back(recorder) and self._broken(recorder) is None
+            where = self._where_lines()
+            if where:
+                self.session.err.write("nblaunch: " + "; ".join(where) + "\n")
+            raise CellInterrupted(
+                "every rank stopped the cell and kept its state" if back else "the cell was interrupted"
+            ) from None
+        self._rebuild_if_needed(recorder)
 
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
         ranks that cannot come up are the session's to handle, see ``LiveSession._bring_up``.)"""
+        if self.req_id and recorder.report.outcome != "interrupted" and not self.mismatch:
+            where = self._where_lines()
+            if where:
+                recorder.note("Where the other ranks were: " + "; ".join(where) + ".")
         reason = self._broken(recorder) if self.req_id else None
+        if reason is None and self.rebuilt is not None:
+            recorder.note(f"nblaunch: {REBUILT}.")
         if reason is None or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
         self.restart_reason = reason
@@ -105,28 +134,118 @@ class LiveRunEngine:
             recorder.note(message)
 
     # -- inside ----------------------------------------------------------------------------
-    def _loop(self, recorder, *, timeout, give_up_at=None) -> None:
+    def _loop(self, recorder, *, timeout, give_up_at=None, until=None) -> None:
         EventLoop(
             self.session.world.group,
             recorder,
             timeout=timeout,
             t_call=self.t_call,
-            until=lambda: self._all_back(recorder),
+            until=until or (lambda: self._all_back(recorder)),
             give_up_at=give_up_at,
             readers=self.session.readers,
         ).run()
+
+    def _alive(self):
+        return [w for w in self.session.world.group.workers if w.status is None]
+
+    def _running(self):
+        return [w for w in self._alive() if w.rank in self.ranks and not self._back(w.rank)]
+
+    def _control(self, kind: str, workers) -> None:
+        """A control message (``where``, ``abort``) to these ranks: their request reader thread answers it."""
+        body = pickle.dumps({"kind": kind}, protocol=5)
+        for w in workers:
+            try:
+                self.session.send((w.rank,), body)
+            except OSError:
+                pass  # a rank that is gone: its exit is the failure the recorder sees
+
+    def _interrupt(self) -> None:
+        self.signalled_at = time.monotonic()
+        for w in self._running():
+            try:
+                os.killpg(w.pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def _back(self, rank: int) -> bool:
         return self.recorder is not None and self.recorder.idle.get(rank, {}).get("cell") == self.req_id
 
     def _all_back(self, recorder) -> bool:
-        """The loop's end condition; while stopping, it also repeats the interrupt for ranks not back yet."""
-        back = all(
-            self._back(w.rank) for w in self.session.world.group.workers if w.rank in self.ranks and w.status is None
+        """The loop's end condition; while stopping, it repeats the interrupt and, past ABORT_AFTER_S, aborts."""
+        running = self._running()
+        if running and self.signalled_at is not None:
+            waited = time.monotonic() - self.signalled_at
+            if waited >= ABORT_AFTER_S and not self.aborted and self.session.plan.num_processes > 1:
+                self.aborted = True
+                self._control("abort", self._alive())  # every rank: one rank's sockets reach only its neighbours
+            if waited >= RESIGNAL_S:
+                self._interrupt()
+        elif running and self.waiting:
+            self._check_mismatch()
+        return not running
+
+    def _check_mismatch(self) -> None:
+        """Ranks that will never meet in their collectives are the failure, named now, not at a timeout."""
+        rec = self.recorder
+        if rec is None or rec.stopping:
+            return
+        running = self._running()
+        if not running or any(w.rank not in self.waiting for w in running):
+            return
+        calls = {w.rank: self.waiting[w.rank] for w in running}
+        finished = [r for r in self.ranks if self._back(r)]
+        keys = {(c["collective"], c["seq"]) for c in calls.values()}
+        if not finished and len(keys) == 1:
+            return  # every rank waits in the same collective: slow, not stuck
+        what = "; ".join(
+            f"rank {r} in {c['collective']} (collective #{c['seq']}) at {c['line']}" for r, c in calls.items()
         )
-        if not back and self.signalled_at is not None and time.monotonic() - self.signalled_at >= RESIGNAL_S:
-            self._interrupt()
-        return back
+        if finished:
+            names = ", ".join(map(str, finished))
+            message = f"{what}, which rank(s) {names} never joined: they finished the cell"
+        else:
+            message = f"the ranks called different collectives, which can never complete: {what}"
+        self.mismatch = True
+        rec.engine_failed(message)
+
+    def _rebuild_if_needed(self, recorder) -> None:
+        """After an abort, or with ranks out of step, every rank makes the default group again, in place."""
+        if self.req_id == 0 or self.session.plan.num_processes < 2 or self._running():
+            return
+        alive = self._alive()
+        if len(alive) < self.session.plan.num_processes:
+            return  # a rank is gone: the world is restarted instead
+        seqs = {recorder.idle.get(w.rank, {}).get("seq") for w in alive if w.rank in recorder.idle}
+        if not self.aborted and len(seqs) <= 1:
+            return
+        gen = self.session.next_generation()
+        body = pickle.dumps({"kind": "rebuild", "id": self.req_id, "gen": gen}, protocol=5)
+        self.session.send(tuple(w.rank for w in alive), body)
+        all_ranks = tuple(w.rank for w in alive)
+
+        def rebuilt() -> bool:
+            return all(recorder.idle.get(r, {}).get("group") == gen for r in all_ranks) or any(
+                w.status is not None for w in self.session.world.group.workers
+            )
+
+        self._loop(recorder, timeout=None, give_up_at=time.monotonic() + REBUILD_S, until=rebuilt)
+        if all(recorder.idle.get(r, {}).get("group") == gen for r in all_ranks):
+            self.rebuilt = gen
+            notes = {n for r in all_ranks for n in recorder.idle[r].get("notes", ())}
+            for n in sorted(notes):
+                recorder.note(f"nblaunch: after the rebuild, {n}.")
+
+    def _where_lines(self) -> list[str]:
+        lines = []
+        for rank in sorted(self.where):
+            w = self.where[rank]
+            if self.recorder is not None and any(f.rank == rank for f in self.recorder.report.failures):
+                continue  # a rank that failed: its own traceback says where it was
+            at = w.get("line") or "outside the cell's code"
+            coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
+            lines.append(f"rank {rank} was at {at}{coll}")
+        return lines
 
     def _broken(self, recorder) -> str | None:
         workers = self.session.world.group.workers
@@ -139,10 +258,12 @@ class LiveRunEngine:
         if stuck:
             names = ", ".join(map(str, stuck))
             return (
-                f"rank(s) {names} did not come back within {SETTLE_S:g}s of being interrupted (inside a collective "
-                "waiting for a peer that had stopped, which no Python interrupt reaches under gloo)"
+                f"rank(s) {names} did not come back within {SETTLE_S:g}s of being interrupted, even with their "
+                "process-group connections closed (a C-level wait outside the process group, or code holding the GIL)"
             )
-        if set(self.ranks) == {w.rank for w in workers}:
+        if self.aborted and self.rebuilt is None:
+            return "the process group could not be rebuilt in the same processes"
+        if self.rebuilt is None and set(self.ranks) == {w.rank for w in workers}:
             seqs = {r: recorder.idle[r].get("seq") for r in self.ranks}
             if None not in seqs.values() and len(set(seqs.values())) > 1:
                 counts = ", ".join(f"rank {r}: {s}" for r, s in sorted(seqs.items()))

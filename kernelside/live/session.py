@@ -90,6 +90,7 @@ class LiveSession:
         self.world: LocalEngine | None = None
         self.started_at = time.monotonic()
         self.restarts, self.busy, self.broken = 0, False, None
+        self.generation = 0
         self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
@@ -297,7 +298,7 @@ class LiveSession:
         engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=label)
         del blob
         try:
-            return self._run(engine, LaunchRequest(fn=fn, return_all=True), plan)
+            return self._run(engine, LaunchRequest(fn=fn, return_all=True, on_event=engine.on_event), plan)
         finally:
             if engine.blob is None and engine.restart_reason is None:  # the ranks have the values now
                 self.names.sent(values, assigned)
@@ -340,6 +341,11 @@ class LiveSession:
             for r in engine.ranks:
                 self.cells_run[r] += 1
         return outcome
+
+    def next_generation(self) -> int:
+        """The number of the next process group rebuilt in place (its store prefix)."""
+        self.generation += 1
+        return self.generation
 
     def send(self, ranks, blob: bytes) -> None:
         """Write one request to these ranks' request pipes (blocking: an idle rank reads it at once)."""

@@ -14,6 +14,11 @@ waits for the next request was meant for the one before and is dropped.
 Functions the kernel defines after the session started are rebuilt here with this rank's
 namespace as their globals (``rebuild_function``), so they see the names the cells assigned.
 
+The request pipe is read by a thread of the rank (``RequestReader``), not by the main thread: it
+queues the requests and answers the kernel's ``abort`` and ``where`` at once, even while the main
+thread waits in a C-level collective (``worker.live_rescue``). ``rebuild`` makes the default
+process group again in the same process after an abort; the namespace stays.
+
 Example (what the kernel side sends, see ``live.session``)::
 
     >>> write_frame(fd, dumps_request({"kind": "run", "id": 3, "fn": program, "names": {}}))  # doctest: +SKIP
@@ -23,15 +28,20 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
+import select
 import signal
+import threading
 import types
 
 from ..channel import read_frame
-from . import context
+from . import context, live_rescue
 from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
-_state = {"busy": False, "pending": False, "namespace": None}
+# One rank process serves one live session: what its SIGINT handler and rebuilt functions must see.
+_state = {"busy": False, "pending": False, "namespace": None, "aborted": False, "req": None}
+CONTROL_KINDS = ("abort", "where")
 
 
 def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, fdict):
@@ -49,24 +59,61 @@ def _on_sigint(signum, frame):
     _state["pending"] = True
 
 
-def _collectives_seq() -> int | None:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
-    except Exception:
-        return None
-    return None
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _idle(events, req_id: int) -> None:
-    events.send("idle", {**stamp(), "cell": req_id, "seq": _collectives_seq(), "rss": _rss()})
+def _idle(events, req_id: int, **extra) -> None:
+    events.send("idle", {**stamp(), "cell": req_id, "seq": live_rescue._seq(), "rss": _rss(), **extra})
+
+
+class RequestReader:
+    """Reads the kernel's requests in a thread: control messages are served at once, the rest queued."""
+
+    def __init__(self, fd: int, events):
+        self.fd, self.events = fd, events
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.abort_lock = threading.Lock()  # an abort finishes before the rank says it is idle again
+        self.watch = live_rescue.WaitWatch(events)
+        self.thread = threading.Thread(target=self._read, name="nblaunch-live-requests", daemon=True)
+        self.thread.start()
+
+    def next(self):
+        """The next request (a dict), or None when the kernel closed the pipe."""
+        return self.queue.get()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([self.fd], [], [], 0.5)
+                if not ready:
+                    self.watch.check(_state["busy"])
+                    continue
+                body = read_frame(self.fd)
+                if body is None:
+                    break
+                req = pickle.loads(body)
+                del body
+                if req.get("kind") in CONTROL_KINDS:
+                    self._control(req)
+                else:
+                    self.queue.put(req)
+        except BaseException as e:  # noqa: B036 - the rank must learn that its requests stopped
+            self.events.send("error", error_payload(e, "request"))
+        self.queue.put(None)
+
+    def _control(self, req: dict) -> None:
+        busy = _state["busy"] or _state["req"] is not None
+        if req["kind"] == "where":
+            if busy:
+                self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+            return
+        with self.abort_lock:  # abort: this rank's process-group sockets, so every blocked peer returns
+            if busy:
+                self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+            _state["aborted"] = True
+            live_rescue.close_group_sockets()
 
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
@@ -82,25 +129,29 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
     namespace["device"] = torch.device(spec.device)
     events.send("ready", {**stamp(), "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_sigint)
+    reader = RequestReader(requests_fd, events)
     _idle(events, 0)
     while True:
         _state["busy"] = False
-        req = None
-        body = read_frame(requests_fd)
+        req = reader.next()
         _state["pending"] = False  # an interrupt that came while waiting was for the request before
-        if body is None:
+        if req is None or req["kind"] == "stop":
             return RankEnd(0)
+        extra = {}
         try:
-            req = pickle.loads(body)
-            del body
-            if req["kind"] == "stop":
-                return RankEnd(0)
-            _serve(spec, events, req, namespace)
+            _state["req"] = req["id"]
+            if req["kind"] == "rebuild":
+                extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
+                _state["aborted"] = False
+            else:
+                _serve(spec, events, req, namespace)
         except KeyboardInterrupt:
             pass  # an interrupt meant for the request that has just ended
         except BaseException as e:  # noqa: B036 - the request loop must survive whatever a request did
-            events.send("error", error_payload(e, "request"))
-        _idle(events, req["id"] if isinstance(req, dict) else -1)
+            events.send("error", error_payload(e, req["kind"]))
+        _state["req"] = None
+        with reader.abort_lock:
+            _idle(events, req["id"], **extra)
 
 
 def _serve(spec, events, req: dict, namespace: dict) -> None:
@@ -129,6 +180,10 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
             raise KeyboardInterrupt
         try:
             return fn(*args, **kwargs)
+        except Exception as e:
+            if _state["aborted"]:  # unblocked by the kernel's abort: stopped, not a failure of this rank
+                raise KeyboardInterrupt from e
+            raise
         finally:
             _state["busy"] = False
 
