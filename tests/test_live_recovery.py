@@ -68,7 +68,7 @@ def test_rank_error_while_peers_wait_in_all_reduce_keeps_state_and_pids_with_3_r
     text = _text(cell)
     assert cell.error["ename"] == "WorkerError" and "rank 1 failed: ValueError: rank 1 broke" in text
     assert "rank 0 was at <%%distributed cell" in text and "waiting in all_reduce" in text
-    assert "rank 2 was at <%%distributed cell" in text
+    assert "rank 2 was at <%%distributed cell" in text or "rank 2 had not started the cell" in text
     assert "rebuilt in the same processes: every rank kept its state" in text and "restarted" not in text
     assert elapsed < 5, elapsed
     assert _pids(three) == pids
@@ -149,8 +149,8 @@ def test_four_ranks_a_failing_rank_that_is_not_every_peers_neighbour_unblocks_th
         )
         text = _text(cell)
         assert "rank 3 failed: ValueError: rank 3 only" in text and "every rank kept its state" in text
-        for r in (0, 1, 2):
-            assert f"rank {r} was at <%%distributed cell" in text
+        for r in (0, 1, 2):  # (under load a peer may not have begun the cell when rank 3 failed: said so)
+            assert f"rank {r} was at <%%distributed cell" in text or f"rank {r} had not started the cell" in text
         assert _pids(k) == pids
         _assert_state_and_step_in_sync(k, 4)
     finally:

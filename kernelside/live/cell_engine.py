@@ -142,7 +142,7 @@ class LiveRunEngine:
             t_call=self.t_call,
             until=until or (lambda: self._all_back(recorder)),
             give_up_at=give_up_at,
-            readers=self.session.readers,
+            readers=self.session.world.readers,
         ).run()
 
     def _alive(self):
@@ -219,7 +219,7 @@ class LiveRunEngine:
         seqs = {recorder.idle.get(w.rank, {}).get("seq") for w in alive if w.rank in recorder.idle}
         if not self.aborted and len(seqs) <= 1:
             return
-        gen = self.session.next_generation()
+        gen = self.session.world.next_generation()
         body = pickle.dumps({"kind": "rebuild", "id": self.req_id, "gen": gen}, protocol=5)
         self.session.send(tuple(w.rank for w in alive), body)
         all_ranks = tuple(w.rank for w in alive)
@@ -229,6 +229,8 @@ class LiveRunEngine:
                 w.status is not None for w in self.session.world.group.workers
             )
 
+        # the loop ends a stopping run's wait after its grace; the rebuild is this engine's to time
+        recorder.grace_s = REBUILD_S + (time.monotonic() - (recorder.stopping_since or time.monotonic()))
         self._loop(recorder, timeout=None, give_up_at=time.monotonic() + REBUILD_S, until=rebuilt)
         if all(recorder.idle.get(r, {}).get("group") == gen for r in all_ranks):
             self.rebuilt = gen
@@ -242,6 +244,9 @@ class LiveRunEngine:
             w = self.where[rank]
             if self.recorder is not None and any(f.rank == rank for f in self.recorder.report.failures):
                 continue  # a rank that failed: its own traceback says where it was
+            if w.get("line") is None and w.get("seq") is None:
+                lines.append(f"rank {rank} had not started the cell")
+                continue
             at = w.get("line") or "outside the cell's code"
             coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
             lines.append(f"rank {rank} was at {at}{coll}")

@@ -40,7 +40,7 @@ from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
 # One rank process serves one live session: what its SIGINT handler and rebuilt functions must see.
-_state = {"busy": False, "pending": False, "namespace": None, "aborted": False, "req": None}
+_state = {"busy": False, "pending": False, "namespace": None, "aborted": False, "req": None, "last": None}
 CONTROL_KINDS = ("abort", "where")
 
 
@@ -76,6 +76,7 @@ class RequestReader:
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.abort_lock = threading.Lock()  # an abort finishes before the rank says it is idle again
         self.watch = live_rescue.WaitWatch(events)
+        self.queued: int | None = None  # the id of the last request queued for the main thread
         self.thread = threading.Thread(target=self._read, name="nblaunch-live-requests", daemon=True)
         self.thread.start()
 
@@ -98,22 +99,27 @@ class RequestReader:
                 if req.get("kind") in CONTROL_KINDS:
                     self._control(req)
                 else:
+                    self.queued = req.get("id")
                     self.queue.put(req)
         except BaseException as e:  # noqa: B036 - the rank must learn that its requests stopped
             self.events.send("error", error_payload(e, "request"))
         self.queue.put(None)
 
     def _control(self, req: dict) -> None:
-        busy = _state["busy"] or _state["req"] is not None
         if req["kind"] == "where":
-            if busy:
-                self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+            self._where()
             return
         with self.abort_lock:  # abort: this rank's process-group sockets, so every blocked peer returns
-            if busy:
-                self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+            self._where()
             _state["aborted"] = True
             live_rescue.close_group_sockets()
+
+    def _where(self) -> None:
+        """Where the main thread is in the request it runs, or that it has not started the one queued."""
+        if _state["req"] is not None:
+            self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+        elif self.queued is not None and self.queued != _state["last"]:
+            self.events.send("where", {"line": None, "collective": None, "seq": None, "cell": self.queued})
 
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
@@ -139,7 +145,7 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
             return RankEnd(0)
         extra = {}
         try:
-            _state["req"] = req["id"]
+            _state["req"] = _state["last"] = req["id"]
             if req["kind"] == "rebuild":
                 extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
                 _state["aborted"] = False
