@@ -74,9 +74,9 @@ def test_rank_error_while_peer_waits_in_barrier_returns_within_5s_and_every_rank
     kernel.run("%%distributed\nkept = f'old state {rank}'").ok()
     pids = _pids(kernel)
     t0 = time.monotonic()
-    cell = kernel.run(
-        "%%distributed\nimport torch.distributed as dist\nif rank == 1:\n    raise ValueError('rank 1 broke')\n"
-        "dist.barrier()",
+    cell = kernel.run(  # rank 1 fails a second in, while rank 0 waits in the barrier
+        "%%distributed\nimport torch.distributed as dist\nif rank == 1:\n"
+        "    time.sleep(1); raise ValueError('rank 1 broke')\ndist.barrier()",
         timeout=30,
     )
     elapsed = time.monotonic() - t0

@@ -60,15 +60,16 @@ def _assert_state_and_step_in_sync(k: Kernel, n: int) -> None:
 def test_rank_error_while_peers_wait_in_all_reduce_keeps_state_and_pids_with_3_ranks(three):
     pids = _pids(three)
     t0 = time.monotonic()
-    cell = three.run(
-        "%%distributed\nt = torch.ones(1)\nif rank == 1:\n    raise ValueError('rank 1 broke')\ndist.all_reduce(t)",
+    cell = three.run(  # rank 1 fails a second in, while its peers wait in the all_reduce
+        "%%distributed\nt = torch.ones(1)\nif rank == 1:\n"
+        "    time.sleep(1); raise ValueError('rank 1 broke')\ndist.all_reduce(t)",
         timeout=30,
     )
     elapsed = time.monotonic() - t0
     text = _text(cell)
     assert cell.error["ename"] == "WorkerError" and "rank 1 failed: ValueError: rank 1 broke" in text
     assert "rank 0 was at <%%distributed cell" in text and "waiting in all_reduce" in text
-    assert "rank 2 was at <%%distributed cell" in text or "rank 2 had not started the cell" in text
+    assert "rank 2 " in text.split("Where the other ranks were:")[1]
     assert "rebuilt in the same processes: every rank kept its state" in text and "restarted" not in text
     assert elapsed < 5, elapsed
     assert _pids(three) == pids
@@ -78,14 +79,16 @@ def test_rank_error_while_peers_wait_in_all_reduce_keeps_state_and_pids_with_3_r
 def test_rank_error_before_ddp_backward_keeps_every_ddp_model_training_in_sync_with_3_ranks(three):
     pids = _pids(three)
     cell = three.run(
-        "%%distributed\nx = torch.randn(8, 4)\nif rank == 2:\n    raise RuntimeError('bad batch on rank 2')\n"
+        "%%distributed\nx = torch.randn(8, 4)\nif rank == 2:\n"
+        "    time.sleep(1); raise RuntimeError('bad batch on rank 2')\n"
         "model(x).sum().backward()",
         timeout=30,
     )
     text = _text(cell)
     assert "rank 2 failed: RuntimeError: bad batch on rank 2" in text
-    # each peer was in its forward pass or already waiting in backward's all-reduce when stopped: both say line 5
-    assert text.count("was at <%%distributed cell") == 2 and "every rank kept its state" in text
+    # both peers wait at line 5: in backward's all-reduce, or in DDP's forward (its bucket sync is C++ only)
+    assert text.split("Where the other ranks were:")[1].count("line 5") == 2
+    assert "every rank kept its state" in text
     assert _pids(three) == pids
     _assert_state_and_step_in_sync(three, 3)
 
@@ -149,10 +152,42 @@ def test_four_ranks_a_failing_rank_that_is_not_every_peers_neighbour_unblocks_th
         )
         text = _text(cell)
         assert "rank 3 failed: ValueError: rank 3 only" in text and "every rank kept its state" in text
+        (where,) = [line for line in text.splitlines() if line.startswith("Where the other ranks were:")]
         for r in (0, 1, 2):  # (under load a peer may not have begun the cell when rank 3 failed: said so)
-            assert f"rank {r} was at <%%distributed cell" in text or f"rank {r} had not started the cell" in text
+            assert f"rank {r} " in where
         assert _pids(k) == pids
         _assert_state_and_step_in_sync(k, 4)
     finally:
         k.run("%distributed_stop")
         k.shutdown()
+
+
+def test_debug_after_a_failed_live_cell_opens_the_failing_ranks_frame_in_the_cell_and_q_keeps_every_rank(three):
+    three.run("%%distributed\nkept = rank * 10").ok()
+    cell = three.run(
+        "%%distributed\nif rank == 2:\n    local_x = 40 + rank\n    raise ValueError('rank 2 broke')\ndist.barrier()"
+    )
+    assert "rank 2 failed: ValueError: rank 2 broke" in _text(cell)
+    answers = iter(["p local_x", "p kept", "up", "q"])
+    debugged = three.run("%debug", timeout=60, on_input=lambda prompt, password: next(answers))
+    assert debugged.error is None
+    assert [r["prompt"] for r in debugged.input_requests] == ["(rank 2) (Pdb) "] * 4
+    out = debugged.stdout
+    assert "<%%distributed cell" in out and "(4)<module>()" in out and "raise ValueError('rank 2 broke')" in out
+    assert "[rank 2] 42" in out and "[rank 2] 20" in out  # the rank's own locals and globals
+    assert "Oldest frame" in out  # the cell is the bottom of the stack: no nblaunch frame above it
+    assert "kernelside" not in out
+    _assert_state_and_step_in_sync(three, 3)
+    # any other exception: IPython's own debugger, unchanged
+    three.run("1 / 0")
+    plain = three.run("%debug", timeout=60, on_input=lambda prompt, password: "q")
+    assert [r["prompt"] for r in plain.input_requests] == ["ipdb> "]
+
+
+def test_a_group_the_user_made_with_new_group_is_named_after_the_rebuild_with_what_to_do(three):
+    three.run("%%distributed\nsub = dist.new_group([0, 1, 2])").ok()
+    cell = three.run("%%distributed\nif rank == 0:\n    time.sleep(1); raise ValueError('x')\ndist.barrier()")
+    text = _text(cell)
+    assert "every rank kept its state" in text
+    assert "sub still hold(s) a process group made before the rebuild" in text and "dist.new_group(...)" in text
+    _assert_state_and_step_in_sync(three, 3)

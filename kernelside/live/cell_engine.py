@@ -247,9 +247,9 @@ class LiveRunEngine:
             if w.get("line") is None and w.get("seq") is None:
                 lines.append(f"rank {rank} had not started the cell")
                 continue
-            at = w.get("line") or "outside the cell's code"
             coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
-            lines.append(f"rank {rank} was at {at}{coll}")
+            at = f"was at {w['line']}" if w.get("line") else "was not in the cell's code (starting or ending it)"
+            lines.append(f"rank {rank} {at}{coll}")
         return lines
 
     def _broken(self, recorder) -> str | None:

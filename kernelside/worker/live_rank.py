@@ -35,12 +35,20 @@ import threading
 import types
 
 from ..channel import read_frame
-from . import context, live_rescue
+from . import context, live_debug, live_rescue
 from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
 # One rank process serves one live session: what its SIGINT handler and rebuilt functions must see.
-_state = {"busy": False, "pending": False, "namespace": None, "aborted": False, "req": None, "last": None}
+_state = {
+    "busy": False,
+    "pending": False,
+    "namespace": None,
+    "aborted": False,
+    "req": None,
+    "last": None,
+    "replies": -1,
+}
 CONTROL_KINDS = ("abort", "where")
 
 
@@ -124,7 +132,7 @@ class RequestReader:
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
-    _state["namespace"] = namespace
+    _state["namespace"], _state["replies"] = namespace, replies_fd
     failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
         return failed
@@ -149,6 +157,8 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
             if req["kind"] == "rebuild":
                 extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
                 _state["aborted"] = False
+            elif req["kind"] == "debug":
+                live_debug.post_mortem(req["of"], events, _state["replies"], spec.rank)
             else:
                 _serve(spec, events, req, namespace)
         except KeyboardInterrupt:
@@ -189,6 +199,7 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
         except Exception as e:
             if _state["aborted"]:  # unblocked by the kernel's abort: stopped, not a failure of this rank
                 raise KeyboardInterrupt from e
+            live_debug.keep(req["id"], e)  # for %debug in the notebook
             raise
         finally:
             _state["busy"] = False

@@ -148,8 +148,7 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
     init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)  # ours is a no-op once up
     dist.destroy_process_group()
     init(backend=backend, store=dist.PrefixStore(f"nblaunch-rebuild-{gen}", store), rank=rank, world_size=size)
-    new = c10d._get_default_group()
-    notes = _repoint(new)
+    notes = _repoint(old, c10d._get_default_group())
     if held:
         notes.append(
             f"{', '.join(held)} still hold(s) a process group made before the rebuild (new_group, DeviceMesh): "
@@ -158,21 +157,33 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
     return notes
 
 
-def _repoint(new) -> list[str]:
+def _repoint(old, new) -> list[str]:
+    """Every object still holding ``old``: DDP models get ``new``; the others are named. One pass of the
+    collector over the referrers (in C), not a Python loop over every object: this runs inside a failed cell."""
+    import types
+
     from torch.nn.parallel import DistributedDataParallel
 
-    notes, fsdp = [], 0
-    for obj in gc.get_objects():
-        cls = type(obj)  # (never isinstance: it reads __class__, which some deprecated torch objects warn on)
-        if issubclass(cls, DistributedDataParallel):
-            obj._update_process_group(new)
-        elif cls.__name__ == "FullyShardedDataParallel" or cls.__name__.startswith("FSDP"):
-            fsdp += 1
-    if fsdp:
-        notes.append(
-            f"{fsdp} FSDP module(s) still hold the old process group and will fail: wrap the model again in a cell"
-        )
-    return notes
+    owners = []
+    for ref in gc.get_referrers(old):
+        if isinstance(ref, types.FrameType):
+            continue
+        if type(ref) is dict:  # an instance's __dict__: its owner holds the group
+            owners += [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+        else:
+            owners.append(ref)
+    stuck = set()
+    for owner in owners:
+        if isinstance(owner, DistributedDataParallel):
+            owner._update_process_group(new)
+        elif not isinstance(owner, (list, tuple, set, types.FrameType)):
+            stuck.add(type(owner).__name__)
+    if stuck:
+        return [
+            f"{', '.join(sorted(stuck))} object(s) still hold the old process group and will fail: make them again "
+            "in a cell (FSDP: wrap the model again)"
+        ]
+    return []
 
 
 def _holders(namespace: dict, groups) -> list[str]:
