@@ -53,5 +53,13 @@ def post_mortem(req_id: int, events, replies_fd: int, rank: int) -> None:
     try:
         debugger.reset()
         debugger.interaction(None, tb)
+    except Exception as e:  # the frontend cannot answer (nbclient, papermill: allow_stdin is off)
+        if type(e).__name__ != "StdinNotImplementedError":
+            raise
+        print(
+            f"nblaunch: %debug on rank {rank} needs a frontend that answers input (JupyterLab, Notebook); "
+            "this one cannot (stdin is not allowed here). Every rank keeps its state.",
+            flush=True,
+        )
     finally:
         builtins.input = kept
