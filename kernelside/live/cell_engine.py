@@ -153,12 +153,7 @@ class LiveRunEngine:
 
     def _control(self, kind: str, workers) -> None:
         """A control message (``where``, ``abort``) to these ranks: their request reader thread answers it."""
-        body = pickle.dumps({"kind": kind}, protocol=5)
-        for w in workers:
-            try:
-                self.session.send((w.rank,), body)
-            except OSError:
-                pass  # a rank that is gone: its exit is the failure the recorder sees
+        self.session.world.send_control(tuple(w.rank for w in workers), pickle.dumps({"kind": kind}, protocol=5))
 
     def _interrupt(self) -> None:
         self.signalled_at = time.monotonic()

@@ -18,9 +18,11 @@ Example::
 
 from __future__ import annotations
 
+import os
+
 import cloudpickle
 
-from ..channel import EventReader, write_frame
+from ..channel import EventReader, frame, write_frame
 from ..engines.local import LocalEngine
 from ..launch.request import LaunchRequest
 
@@ -106,6 +108,26 @@ class World:
             # a request cut in half leaves the rank's stream unreadable: this world cannot go on
             self.state, self.broken_because = "broken", f"sending the request failed ({type(e).__name__})"
             raise
+
+    def send_control(self, ranks, blob: bytes) -> list[int]:
+        """Write a small control message (``where``, ``abort``) to these ranks without ever blocking: the kernel
+        loop must not wait on a rank whose reader is busy. One write of a whole frame under PIPE_BUF is atomic:
+        it lands whole or not at all. Returns the ranks it did not reach."""
+        data = frame(blob)
+        missed = []
+        for w in self.group.workers:
+            if w.rank not in ranks:
+                continue
+            fd = w.pipes.requests_w
+            try:
+                os.set_blocking(fd, False)
+                try:
+                    os.write(fd, data)
+                finally:
+                    os.set_blocking(fd, True)
+            except OSError:  # full (a request not read yet) or gone: the rank's exit or restart says the rest
+                missed.append(w.rank)
+        return missed
 
     def rank_state(self, w) -> str:
         """One rank as ``%distributed_status`` shows it: ended, busy, idle or starting."""
