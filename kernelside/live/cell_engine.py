@@ -34,6 +34,7 @@ from ..errors import CellInterrupted
 
 SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
+WHERE_WAIT_S = 1.0  # the longest the end of a stopped request waits for the ranks' answers to ``where``
 ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every rank closes its group sockets
 REBUILD_S = 30.0  # the longest a process-group rebuild may take before the world is restarted instead
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
@@ -59,7 +60,10 @@ class LiveRunEngine:
         self.restart_reason: str | None = None
         self.aborted = False  # every rank was told to close its process-group sockets
         self.rebuilt: int | None = None  # the group generation every rank came back with
+        self.rebuild_notes: list[str] = []  # what still holds the old group (from the ranks)
         self.where: dict[int, dict] = {}  # rank -> where it was when stopped (worker.live_rescue.where_main)
+        self.asked: set[int] = set()  # ranks asked where they were; ``answered``: those whose answer came
+        self.answered: set[int] = set()
         self.waiting: dict[int, dict] = {}  # rank -> the collective it has waited in for a while
         self.mismatch = False  # the failure is ranks waiting in collectives that never meet (said in full)
 
@@ -79,13 +83,16 @@ class LiveRunEngine:
     def stop(self) -> None:
         """The first failure (or Ctrl-C, or the timeout): every rank still running it comes back to idle."""
         if self.signalled_at is None:
-            self._control("where", self._running())
+            running = self._running()
+            self.asked = {w.rank for w in running} - set(self._control("where", running))
             self._interrupt()
 
     def on_event(self, rank: int, kind: str, payload) -> None:
         """The recorder's hook: where a stopped rank was; a rank waiting long in a collective."""
         if kind == "where" and payload.get("cell") == self.req_id:
-            self.where[rank] = payload
+            self.answered.add(rank)
+            if not payload.get("done"):
+                self.where[rank] = payload
         elif kind == "waiting":
             self.waiting[rank] = payload
             self._check_mismatch()
@@ -118,6 +125,8 @@ class LiveRunEngine:
                 recorder.note("Where the other ranks were: " + "; ".join(where) + ".")
         reason = self._broken(recorder) if self.req_id else None
         if reason is None and self.rebuilt is not None:
+            for n in self.rebuild_notes:
+                recorder.note(f"nblaunch: after the rebuild, {n}.")
             recorder.note(f"nblaunch: {REBUILT}.")
         if reason is None or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
@@ -151,9 +160,10 @@ class LiveRunEngine:
     def _running(self):
         return [w for w in self._alive() if w.rank in self.ranks and not self._back(w.rank)]
 
-    def _control(self, kind: str, workers) -> None:
-        """A control message (``where``, ``abort``) to these ranks: their request reader thread answers it."""
-        self.session.world.send_control(tuple(w.rank for w in workers), pickle.dumps({"kind": kind}, protocol=5))
+    def _control(self, kind: str, workers) -> list[int]:
+        """A control message (``where``, ``abort``) to these ranks, whose reader thread answers it; the ranks
+        it could not reach."""
+        return self.session.world.send_control(tuple(w.rank for w in workers), pickle.dumps({"kind": kind}, protocol=5))
 
     def _interrupt(self) -> None:
         self.signalled_at = time.monotonic()
@@ -178,6 +188,9 @@ class LiveRunEngine:
                 self._interrupt()
         elif running and self.waiting:
             self._check_mismatch()
+        if not running and self.signalled_at is not None and time.monotonic() - self.signalled_at < WHERE_WAIT_S:
+            # a rank's answer (from its reader thread) may come after its idle: wait for it a moment
+            return self.asked <= self.answered | {w.rank for w in self.session.world.group.workers if w.status}
         return not running
 
     def _check_mismatch(self) -> None:
@@ -229,9 +242,7 @@ class LiveRunEngine:
         self._loop(recorder, timeout=None, give_up_at=time.monotonic() + REBUILD_S, until=rebuilt)
         if all(recorder.idle.get(r, {}).get("group") == gen for r in all_ranks):
             self.rebuilt = gen
-            notes = {n for r in all_ranks for n in recorder.idle[r].get("notes", ())}
-            for n in sorted(notes):
-                recorder.note(f"nblaunch: after the rebuild, {n}.")
+            self.rebuild_notes = sorted({n for r in all_ranks for n in recorder.idle[r].get("notes", ())})
 
     def _where_lines(self) -> list[str]:
         lines = []

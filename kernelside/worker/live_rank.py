@@ -40,6 +40,7 @@ from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
 # One rank process serves one live session: what its SIGINT handler and rebuilt functions must see.
+_aborted = threading.Event()  # set by the reader thread's abort (a peer's abort may be felt before it)
 _state = {
     "busy": False,
     "pending": False,
@@ -120,14 +121,18 @@ class RequestReader:
         with self.abort_lock:  # abort: this rank's process-group sockets, so every blocked peer returns
             self._where()
             _state["aborted"] = True
+            _aborted.set()
             live_rescue.close_group_sockets()
 
     def _where(self) -> None:
         """Where the main thread is in the request it runs, or that it has not started the one queued."""
         if _state["req"] is not None:
             self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
-        elif self.queued is not None and self.queued != _state["last"]:
-            self.events.send("where", {"line": None, "collective": None, "seq": None, "cell": self.queued})
+        else:  # not started yet, or done with it already (then the kernel needs no line, but waits for the answer)
+            done = self.queued == _state["last"]
+            self.events.send(
+                "where", {"line": None, "collective": None, "seq": None, "cell": self.queued, "done": done}
+            )
 
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
@@ -157,6 +162,7 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
             if req["kind"] == "rebuild":
                 extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
                 _state["aborted"] = False
+                _aborted.clear()
             elif req["kind"] == "debug":
                 live_debug.post_mortem(req["of"], events, _state["replies"], spec.rank)
             else:
@@ -197,6 +203,8 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
         try:
             return fn(*args, **kwargs)
         except Exception as e:
+            if not _state["aborted"] and any(w in str(e) for w in live_rescue.PEER_LOSS):
+                _aborted.wait(1.0)  # a peer closed its sockets on the kernel's abort before this rank's came
             if _state["aborted"]:  # unblocked by the kernel's abort: stopped, not a failure of this rank
                 raise KeyboardInterrupt from e
             live_debug.keep(req["id"], e)  # for %debug in the notebook

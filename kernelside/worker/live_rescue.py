@@ -28,6 +28,7 @@ import socket
 import sys
 import threading
 
+PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo's words
 WAIT_REPORT_S = 1.0  # a collective waited in this long is reported (mismatch detection)
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/: never "the user's line"
 _COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
@@ -143,7 +144,10 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
     backend = dist.get_backend()
     store = c10d._get_default_store()
     rank, size = dist.get_rank(), dist.get_world_size()
-    others = [pg for pg in list(c10d._world.pg_map) if pg is not old]
+    others = []  # (a loop, not a comprehension: that would hold ``old`` in a closure cell, a referrer of its own)
+    for pg in list(c10d._world.pg_map):
+        if pg is not old:
+            others.append(pg)
     held = _holders(namespace, others)
     init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)  # ours is a no-op once up
     dist.destroy_process_group()
@@ -176,7 +180,7 @@ def _repoint(old, new) -> list[str]:
     for owner in owners:
         if isinstance(owner, DistributedDataParallel):
             owner._update_process_group(new)
-        elif not isinstance(owner, (list, tuple, set, types.FrameType)):
+        elif not isinstance(owner, (list, tuple, set, types.FrameType, types.CellType)):
             stuck.add(type(owner).__name__)
     if stuck:
         return [
