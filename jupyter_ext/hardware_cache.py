@@ -1,8 +1,8 @@
 """The machine's hardware, probed once per server in a worker thread.
 
-``kernelside.launch.hardware.detect_hardware`` asks a short-lived child interpreter, so the server
-process itself never initializes CUDA; the thread keeps the probe (a second or two of
-importing torch) off the server's event loop.
+``kernelside.hardware_facts.detect_hardware`` reads the OS, NVML and torch's version file: the
+server never imports torch and never initializes CUDA. The thread keeps NVML's first
+initialization (a driver call that can take a moment) off the server's event loop.
 
 Example::
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kernelside.launch.hardware import detect_hardware
+from kernelside.hardware_facts import detect_hardware
 
 
 class HardwareCache:

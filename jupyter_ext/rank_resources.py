@@ -1,5 +1,8 @@
 """CPU, memory and (with nvidia-ml-py) GPU use of a live run's ranks, for the Runs view.
 
+GPU figures come from ``kernelside.nvml_devices.NvmlSampler``, the NVML reader the kernel's run
+report uses too (GPUs numbered as NVML numbers them: the server has no CUDA_VISIBLE_DEVICES to follow).
+
 A pid from a state file is only looked at once it is proven to be that run's rank: the
 process with that pid must have the start time (``/proc/<pid>/stat`` field 22) the kernel
 recorded when it started the rank. A reused pid, or a pid a forged state file names, has
@@ -16,7 +19,10 @@ from __future__ import annotations
 
 import psutil
 
-from kernelside.launch.run_state import proc_start_time  # the kernel's reading, the same one
+from kernelside.nvml_devices import NvmlSampler
+from kernelside.run_contract import proc_start_time  # the kernel's reading, the same one
+
+__all__ = ["RankSampler", "is_that_process", "proc_start_time"]
 
 
 def is_that_process(pid, recorded_start) -> bool:
@@ -32,7 +38,7 @@ class RankSampler:
 
     def __init__(self):
         self._procs: dict[tuple[int, int], psutil.Process] = {}
-        self._gpu = GpuUsage()
+        self._gpu: NvmlSampler | None = None  # NVML is asked once a live run has ranks to show
 
     def sample(self, pid, recorded_start) -> dict | None:
         """``{"cpu_percent", "rss_bytes"}`` for a proven rank (cpu_percent None on the first sample), else None."""
@@ -55,53 +61,14 @@ class RankSampler:
         return {"cpu_percent": None if first else round(cpu, 1), "rss_bytes": rss}
 
     def gpu(self, pids: set[int]) -> dict[int, dict]:
+        """``{pid: {"gpu_index", "gpu_memory_bytes", "gpu_util_percent"}}`` for those of ``pids`` on a GPU."""
+        if not pids:
+            return {}
+        if self._gpu is None:
+            self._gpu = NvmlSampler.all_devices()
         return self._gpu.by_pid(pids)
 
     def forget_ended(self) -> None:
         """Drop the samplers of ranks that have ended (their pid no longer has the recorded start time)."""
         for key in [k for k in self._procs if not is_that_process(*k)]:
             del self._procs[key]
-
-
-class GpuUsage:
-    """Per-process GPU memory and the device's utilization through NVML, when nvidia-ml-py finds GPUs.
-
-    Without the library or without GPUs it answers ``{}``, and the view shows no GPU columns.
-    """
-
-    def __init__(self):
-        self._nvml = None
-        self._tried = False
-
-    def _load(self):
-        if not self._tried:
-            self._tried = True
-            try:
-                import pynvml  # nvidia-ml-py
-
-                pynvml.nvmlInit()
-                if pynvml.nvmlDeviceGetCount() > 0:
-                    self._nvml = pynvml
-            except Exception:  # no library, no driver, no GPU: no GPU columns
-                self._nvml = None
-        return self._nvml
-
-    def by_pid(self, pids: set[int]) -> dict[int, dict]:
-        nvml = self._load() if pids else None
-        if nvml is None:
-            return {}
-        found: dict[int, dict] = {}
-        try:
-            for index in range(nvml.nvmlDeviceGetCount()):
-                handle = nvml.nvmlDeviceGetHandleByIndex(index)
-                procs = nvml.nvmlDeviceGetComputeRunningProcesses(handle)
-                mine = [p for p in procs if p.pid in pids]
-                if not mine:
-                    continue
-                util = nvml.nvmlDeviceGetUtilizationRates(handle).gpu
-                for p in mine:
-                    used = p.usedGpuMemory if isinstance(p.usedGpuMemory, int) else None
-                    found[p.pid] = {"gpu_index": index, "gpu_memory_bytes": used, "gpu_util_percent": util}
-        except Exception:  # a driver hiccup costs this sample's GPU figures, nothing else
-            return found
-        return found

@@ -14,6 +14,7 @@ Example::
     GET  /nblaunch/runs/{id}            one run with its ranks (pid, state, CPU, RSS, GPU) and log_dir
     GET  /nblaunch/runs/{id}/ranks/{rank}/log[?tail=N | ?offset=B]   a rank's log text, JSON
     POST /nblaunch/runs/{id}/stop       ask the run's kernel to stop it (409 with the reason if it cannot)
+    GET  /nblaunch/runs/{id}/stacks     every rank's Python stack and collective, from the run's kernel, within 1 s
 """
 
 from __future__ import annotations
@@ -114,6 +115,17 @@ class RunStopHandler(_PanelHandler):
         self.finish(json.dumps(result))
 
 
+class RunStacksHandler(_PanelHandler):
+    @tornado.web.authenticated
+    async def get(self, run_id):
+        try:  # the kernel answers within 1 s: still off the server's event loop
+            result = await asyncio.to_thread(self.runs.stacks, run_id)
+        except PanelRequestError as e:
+            self.set_status(e.status)
+            result = e.to_json()
+        self.finish(json.dumps(result))
+
+
 def setup_routes(web_app, store: ConfigStore, hardware: HardwareCache, runs: RunFolders) -> None:
     base = url_path_join(web_app.settings["base_url"], "nblaunch")
     deps = {"store": store, "hardware": hardware, "runs": runs}
@@ -129,5 +141,6 @@ def setup_routes(web_app, store: ConfigStore, hardware: HardwareCache, runs: Run
             (run, RunHandler, deps),
             (url_path_join(run, "ranks", "([^/]+)", "log"), RunLogHandler, deps),
             (url_path_join(run, "stop"), RunStopHandler, deps),
+            (url_path_join(run, "stacks"), RunStacksHandler, deps),
         ],
     )

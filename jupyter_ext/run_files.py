@@ -2,9 +2,8 @@
 control socket, each opened relative to the folder's own descriptor with ``O_NOFOLLOW`` and
 closed before the request ends (the server holds no file of a run between requests).
 
-The names are the kernel side's contract (``kernelside/launch/run_state.py``, ``run_control.py``,
-``engine._run_log_dir``); the server extension imports only ``kernelside.config``, so they are
-repeated here and a test checks both sides agree.
+The names are the run folder's contract (``kernelside/run_contract.py``), which the kernel side
+writes by; it imports only the standard library, so reading a run never loads torch.
 
 Example::
 
@@ -21,10 +20,8 @@ import os
 import socket
 import stat
 
-# the run folder's contract is the kernel side's: these names are its (re-exported for the server)
-from kernelside.launch.run_control import CONTROL_SOCKET
-from kernelside.launch.run_dir import IN_USE_FILE
-from kernelside.launch.run_state import STATE_FILE
+# the run folder's contract (re-exported for the server's modules and tests)
+from kernelside.run_contract import CONTROL_SOCKET, IN_USE_FILE, STATE_FILE
 
 __all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError"]
 
@@ -129,7 +126,7 @@ class RunDir:
         data = data[: _complete_utf8(data)]  # a character cut at the end comes whole with the next read
         return {"text": data.decode("utf-8", errors="replace"), "start": start, "end": start + len(data), "size": size}
 
-    def request(self, payload: dict, timeout: float) -> dict:
+    def request(self, payload: dict, timeout: float, max_bytes: int = 65536) -> dict:
         """Send one JSON line to the run's control socket and return its one-line JSON answer.
 
         Raises ``RunFileError(409)`` when nothing listens there (the run's kernel is gone or done).
@@ -149,8 +146,8 @@ class RunDir:
                 s.connect(path)
                 s.sendall(json.dumps(payload).encode() + b"\n")
                 answer = b""
-                while b"\n" not in answer and len(answer) < 65536:
-                    chunk = s.recv(4096)
+                while b"\n" not in answer and len(answer) < max_bytes:
+                    chunk = s.recv(65536)
                     if not chunk:
                         break
                     answer += chunk

@@ -3,9 +3,10 @@ with its ranks, read a rank's log, and ask a run's kernel to stop it.
 
 Runs are the ``run-<time>-…`` folders that every launch creates (owner-only) in
 ``$TMPDIR/nblaunch-<uid>/`` and in the ``log_dir`` of the ``nblaunch.yaml`` this server's
-root sees. Each holds the ``state.json`` its kernel keeps up to date (kernelside/launch/run_state.py),
-the rank logs and, while the run is live, its control socket. A run counts as live while its
-kernel holds the folder's lock; a state file that says "running" without that lock belongs
+root sees. Each holds the ``state.json`` its kernel keeps up to date, the rank logs and, while the
+run is live, its control socket: the layout, the schema and the states are
+``kernelside/run_contract.py``'s, read here and written by the kernel. A run counts as live while
+its kernel holds the folder's lock; a state file that says "running" without that lock belongs
 to a kernel that died mid-run and is shown as ``lost``.
 
 Stop is a request to the kernel that owns the run (through the control socket); this class
@@ -22,23 +23,29 @@ Example::
 from __future__ import annotations
 
 import os
-import re
 import stat
 import time
 from pathlib import Path
 
 from kernelside import config
 from kernelside.errors import LaunchConfigError
-from kernelside.launch.run_dir import runs_base
+from kernelside.run_contract import (
+    LIVE_RUN_STATES,
+    RUN_ID,
+    STATE_FILE,
+    WRITTEN_RUN_STATES,
+    RunState,
+    rank_log_name,
+    runs_base,
+)
 
 from .errors import PanelRequestError
 from .rank_resources import RankSampler
-from .run_files import STATE_FILE, RunDir, RunFileError
+from .run_files import RunDir, RunFileError
 
-RUN_ID = re.compile(r"run-\d{8}-\d{6}-[A-Za-z0-9_]{1,64}")
-LIVE_STATES = ("starting", "running", "idle")  # idle: a live session between cells (kernelside/live/run_entry.py)
-STATES = (*LIVE_STATES, "done", "failed", "timeout", "interrupted", "stopped")  # kernelside/launch/run_state.py
 STOP_TIMEOUT_S = 3.0
+STACKS_TIMEOUT_S = 0.9  # the kernel gives its ranks 0.5 s (kernelside/launch/rank_stacks.py): an answer within 1 s
+MAX_STACKS_BYTES = 4 << 20
 MAX_TAIL_LINES = 10000
 
 
@@ -123,10 +130,10 @@ class RunFolders:
             state = d.read_json(STATE_FILE) or {}
             live = self._summary(d, state, d.in_use())["live"]
             try:
-                got = d.read_log(f"rank{rank}.log", tail=tail, offset=offset)
+                got = d.read_log(rank_log_name(rank), tail=tail, offset=offset)
             except RunFileError as e:
                 raise PanelRequestError(e.status, f"rank {rank} of {run_id}: {e}") from None
-        return {"id": run_id, "rank": rank, "log": f"rank{rank}.log", "live": live, **got}
+        return {"id": run_id, "rank": rank, "log": rank_log_name(rank), "live": live, **got}
 
     # -- Stop -----------------------------------------------------------------------------
 
@@ -135,7 +142,7 @@ class RunFolders:
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
             summary = self._summary(d, state, d.in_use())
-            if summary["state"] == "lost":
+            if summary["state"] == RunState.LOST:
                 raise PanelRequestError(
                     409, f"{run_id} has no owner any more: {summary['root_cause']}; nothing was signalled"
                 )
@@ -154,6 +161,31 @@ class RunFolders:
         if not reply.get("ok"):
             raise PanelRequestError(409, f"{run_id}'s kernel refused Stop: {reply.get('message')}")
         return {"id": run_id, "stopping": True, "message": str(reply.get("message", ""))}
+
+    # -- stacks ---------------------------------------------------------------------------
+
+    def stacks(self, run_id) -> dict:
+        """Every rank's current Python stack, asked of the run's kernel (which alone signals its ranks).
+
+        ``{"id", "ranks": [{"rank", "answered", "frames", "collective", "where", "threads" | "reason"}]}``;
+        409 with the reason when the run has ended, has no owner, or its engine takes no requests.
+        """
+        with self._open(run_id) as d:
+            state = d.read_json(STATE_FILE)
+            summary = self._summary(d, state, d.in_use())
+            if not summary["live"]:
+                raise PanelRequestError(409, f"{run_id} is not running ({summary['state']}): no stacks to show")
+            if not state.get("control"):
+                raise PanelRequestError(
+                    409, f"{run_id} runs on the {summary['engine']} engine, which cannot show its ranks' stacks"
+                )
+            try:
+                reply = d.request({"op": "stacks"}, STACKS_TIMEOUT_S, max_bytes=MAX_STACKS_BYTES)
+            except RunFileError as e:
+                raise PanelRequestError(e.status, f"cannot get {run_id}'s stacks: {e}") from None
+        if not reply.get("ok") or not isinstance(reply.get("ranks"), list):
+            raise PanelRequestError(409, f"{run_id}'s kernel gave no stacks: {reply.get('message')}")
+        return {"id": run_id, "ranks": reply["ranks"]}
 
     def _open(self, run_id) -> RunDir:
         path = self._find(run_id)
@@ -177,11 +209,11 @@ class RunFolders:
 def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
     """The fields every listing shows; state files are read, never trusted for paths or pids."""
     s = state or {}
-    status = s.get("state") if s.get("state") in STATES else "unknown"
+    status = RunState(s["state"]) if s.get("state") in WRITTEN_RUN_STATES else RunState.UNKNOWN
     root_cause = s.get("root_cause")
-    live = status in LIVE_STATES and in_use
-    if status in LIVE_STATES and not in_use:
-        status = "lost"
+    live = status in LIVE_RUN_STATES and in_use
+    if status in LIVE_RUN_STATES and not in_use:
+        status = RunState.LOST
         root_cause = f"the kernel that ran this launch (pid {s.get('kernel_pid')}) ended before the run did"
     elapsed = s.get("elapsed_s")
     if live and isinstance(elapsed, (int, float)) and isinstance(s.get("updated_monotonic"), (int, float)):

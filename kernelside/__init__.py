@@ -8,20 +8,48 @@ or, in IPython / Jupyter, ``%load_ext kernelside`` and a cell starting ``%%distr
 The folders follow the process boundary: ``launch/`` runs in the kernel (config → plan → engine →
 recorder), ``engines/`` are the ways ranks run (local processes, torch's elastic launcher, Ray
 Train), ``worker/`` runs inside each rank, ``display/`` draws in the kernel, ``notebook/`` holds
-the magics, and ``config/`` the one schema.
+the magics, and ``config/`` the one schema. ``run_contract.py`` is what the Jupyter server shares
+with the kernel (run folders, state file, states).
+
+Importing the package does not import torch: the public names load on first use (PEP 562), so the
+Jupyter server, which reads the config schema and the run contract, never loads torch. In a kernel,
+``%load_ext kernelside`` loads the magics (and torch) at once, and a background import of what forked
+ranks inherit starts after the loading cell.
 """
 
+import importlib
 import sys
 
-from .errors import LaunchConfigError, LaunchError, LaunchStoppedError, LaunchTimeoutError, WorkerError
+from .errors import LaunchConfigError, LaunchError
 from .launch import cuda_guard as _cuda_guard
 from .launch import warmup as _warmup
-from .launch.engine import last_report
-from .launch.launcher import notebook_launcher
-from .worker.context import current as _current_worker
-from .worker.progress import log_metrics, progress
 
-_cuda_guard.install()  # from now on, remember where CUDA is first initialized in this process
+# where CUDA is first initialized in this process is recorded from now on (when torch.cuda loads)
+_cuda_guard.install_when_torch_loads()
+
+# public name -> the module that defines it, imported on first use
+_LAZY = {
+    "notebook_launcher": ".launch.launcher",
+    "last_report": ".launch.engine",
+    "progress": ".worker.progress",
+    "log_metrics": ".worker.progress",
+    "LaunchStoppedError": ".errors",
+    "LaunchTimeoutError": ".errors",
+    "WorkerError": ".errors",
+}
+
+
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'kernelside' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
 
 
 def _in_jupyter_kernel() -> bool:
@@ -69,7 +97,9 @@ def start(num_processes=None, **options):
 
 def worker_context():
     """Inside a worker: rank, local_rank, world_size and device of this worker; None in the kernel."""
-    return _current_worker()
+    from .worker.context import current
+
+    return current()
 
 
 def load_ipython_extension(ipython):

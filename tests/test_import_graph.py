@@ -89,3 +89,131 @@ def test_worker_code_never_imports_the_kernel_side_engine_or_display():
             kernel_side = ("kernelside.launch", "kernelside.display", "kernelside.engines")
             bad = {t for t in imports_of(name, path, known) if t.startswith(kernel_side)}
             assert not bad, f"{name} (runs in the ranks) imports kernel-side modules {bad}"
+
+
+# -- the Jupyter server never loads torch ---------------------------------------------------------
+
+REPO = os.path.dirname(PACKAGE)
+SERVER = os.path.join(REPO, "jupyter_ext")
+TORCH = ("torch", "accelerate", "transformers", "lightning", "pytorch_lightning", "deepspeed")  # each loads torch
+
+
+def server_and_kernel_modules() -> dict[str, str]:
+    """``modules()`` plus the server extension's Python modules (``jupyter_ext.runs`` -> file)."""
+    out = modules()
+    for f in os.listdir(SERVER):
+        if f.endswith(".py"):
+            out[f"jupyter_ext.{f[:-3]}".removesuffix(".__init__")] = os.path.join(SERVER, f)
+    return out
+
+
+def _executed_nodes(body: list, lazy: bool):
+    """The statements that run when a module runs ``body``: function bodies only when ``lazy``."""
+    for node in body:
+        yield node
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)) and not lazy:
+            continue
+        for child in ast.iter_child_nodes(node):
+            yield from _executed_nodes([child], lazy)
+
+
+def edges_of(name: str, path: str, known: dict, *, lazy: bool) -> set[str]:
+    """Modules ``name`` imports: known ones by full name, others by their top-level name (``torch``).
+
+    ``lazy`` includes imports inside functions; without it, only what importing the module runs.
+    """
+    is_package = path.endswith("__init__.py")
+    found = set()
+    for node in _executed_nodes(ast.parse(open(path).read()).body, lazy):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = name.split(".") if is_package else name.split(".")[:-1]
+                parts = parts[: len(parts) - node.level + 1]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        else:
+            continue
+        for t in targets:
+            while t not in known and "." in t:
+                t = t.rsplit(".", 1)[0]
+            parts = t.split(".")
+            for i in range(1, len(parts) + 1):  # importing a.b.c runs a and a.b first
+                found.add(".".join(parts[:i]))
+    found.discard(name)
+    return found
+
+
+def path_to(start: str, graph_of, forbidden: tuple[str, ...]) -> list[str] | None:
+    """A shortest import path from ``start`` to a forbidden top-level module, or None."""
+    seen, todo = {start: None}, [start]
+    while todo:
+        node = todo.pop(0)
+        if node.split(".")[0] in forbidden:
+            path = [node]
+            while seen[path[-1]] is not None:
+                path.append(seen[path[-1]])
+            return path[::-1]
+        for nxt in sorted(graph_of(node)):
+            if nxt not in seen:
+                seen[nxt] = node
+                todo.append(nxt)
+    return None
+
+
+def server_graph():
+    """The server extension's own files with every import (its handlers call their functions); the
+    kernelside modules they reach with what importing them runs (a lazy import waits for a call)."""
+    known = server_and_kernel_modules()
+
+    def graph_of(node: str) -> set[str]:
+        if node not in known:
+            return set()  # a third-party module: only its name matters here
+        return edges_of(node, known[node], known, lazy=node.startswith("jupyter_ext"))
+
+    return known, graph_of
+
+
+def test_no_import_path_leads_from_the_server_extension_to_torch():
+    known, graph_of = server_graph()
+    server = sorted(n for n in known if n.startswith("jupyter_ext"))
+    assert {"jupyter_ext.runs", "jupyter_ext.routes", "jupyter_ext.hardware_cache"} <= set(server)
+    assert "kernelside.run_contract" in graph_of("jupyter_ext.runs")  # the walk sees the server's edges
+    for name in server:
+        path = path_to(name, graph_of, TORCH)
+        assert path is None, "the Jupyter server would import torch: " + " -> ".join(path)
+
+
+def test_the_server_imports_only_kernelsides_torch_free_modules():
+    known, graph_of = server_graph()
+    allowed = ("kernelside.run_contract", "kernelside.nvml_devices", "kernelside.hardware_facts", "kernelside.config")
+    for name in (n for n in known if n.startswith("jupyter_ext")):
+        for target in graph_of(name):
+            if target.startswith("kernelside."):
+                assert target.startswith(allowed) or target == "kernelside.errors", f"{name} imports {target}"
+
+
+def test_the_path_finder_reports_a_path_to_torch_it_is_given():
+    graph = {"jupyter_ext.runs": {"kernelside.launch.x"}, "kernelside.launch.x": {"torch.cuda"}}
+    found = path_to("jupyter_ext.runs", lambda n: graph.get(n, set()), TORCH)
+    assert found == ["jupyter_ext.runs", "kernelside.launch.x", "torch.cuda"]
+    assert path_to("jupyter_ext.runs", lambda n: graph.get(n, set()) - {"torch.cuda"}, TORCH) is None
+
+
+def test_importing_kernelside_loads_no_torch_yet_guards_cuda_from_then_on_and_every_public_name_works():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, kernelside\n"
+        "print('torch' in sys.modules)\n"
+        "import torch\n"  # after kernelside: the guard must be on torch.cuda all the same
+        "print(getattr(torch.cuda._lazy_init, '_nblaunch_wrapped', False))\n"
+        "print(all(callable(getattr(kernelside, n)) for n in kernelside.__all__))\n"
+        "print(kernelside.WorkerError.__module__, issubclass(kernelside.LaunchTimeoutError, kernelside.WorkerError))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[:4] == ["False", "True", "True", "kernelside.errors True"]

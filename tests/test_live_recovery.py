@@ -71,7 +71,7 @@ def test_rank_error_while_peers_wait_in_all_reduce_keeps_state_and_pids_with_3_r
     assert "rank 0 was at <%%distributed cell" in text and "waiting in all_reduce" in text
     assert "rank 2 " in text.split("Where the other ranks were:")[1]
     assert "rebuilt in the same processes: every rank kept its state" in text and "restarted" not in text
-    assert elapsed < 5, elapsed
+    assert elapsed < 8, elapsed  # (1 s of it is the failing rank's own sleep; bench.live_recovery times it)
     assert _pids(three) == pids
     _assert_state_and_step_in_sync(three, 3)
 
@@ -174,7 +174,7 @@ def test_debug_after_a_failed_live_cell_opens_the_failing_ranks_frame_in_the_cel
     assert [r["prompt"] for r in debugged.input_requests] == ["(rank 2) (Pdb) "] * 4
     out = debugged.stdout
     assert "<%%distributed cell" in out and "(4)<module>()" in out and "raise ValueError('rank 2 broke')" in out
-    assert "[rank 2] 42" in out and "[rank 2] 20" in out  # the rank's own locals and globals
+    assert "\n42\n" in out and "\n20\n" in out  # the rank's own locals and globals
     assert "Oldest frame" in out  # the cell is the bottom of the stack: no nblaunch frame above it
     assert "kernelside" not in out
     _assert_state_and_step_in_sync(three, 3)

@@ -1,5 +1,6 @@
 """Rank 0's input(), getpass() and pdb are answered through the kernel's stdin channel, as in a cell;
-other ranks get a clear error; a frontend without stdin gets the kernel's own error; nothing hangs."""
+other ranks' input() gets a clear error (their debuggers prompt: test_rank_debugger.py); a frontend
+without stdin gets the kernel's own error; nothing hangs."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ dist.barrier()
 """,
         on_input=_answers("p x", "n", "p y", "c"),
     ).ok()
-    assert [r["prompt"] for r in cell.input_requests] == ["(Pdb) "] * 4
+    assert [r["prompt"] for r in cell.input_requests] == ["(rank 0) (Pdb) "] * 4  # the prompt names the rank
     lines = cell.stdout.splitlines()
     assert lines[0].startswith("> <%%distributed cell In[") and lines[0].endswith("]>(5)<module>()")
     assert lines[1] == "-> y = x + 1"
@@ -114,18 +115,6 @@ answer = input("rank 1 asks: ") if rank == 1 else None
     text = _error_text(cell)
     assert "rank 1 failed: RankInputError: only rank 0 can read from the notebook; rank 1 called " in text
     assert "input('rank 1 asks: ')" in text
-
-
-def test_breakpoint_on_rank_1_is_a_clear_error_not_a_hang(kernel):
-    cell = kernel.run(
-        """%%distributed -n 2
-if rank == 1:
-    breakpoint()
-""",
-        timeout=60,
-    )
-    text = _error_text(cell)
-    assert "breakpoint() on rank 1: only rank 0's debugger can be driven from the notebook" in text
 
 
 def test_without_stdin_in_the_frontend_rank_0_raises_stdin_not_implemented(kernel):

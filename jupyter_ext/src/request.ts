@@ -10,7 +10,7 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { IRunsBackend } from './runsModel';
 import { errorFromResponse, PanelServerError } from './serverErrors';
-import { ILogChunk, IRunDetail, IRunSummary, IStopResponse } from './types';
+import { ILogChunk, IRunDetail, IRunSummary, IStacksResponse, IStopResponse } from './types';
 
 export async function requestAPI<T>(
   endPoint: string,
@@ -40,11 +40,13 @@ export async function requestAPI<T>(
   return JSON.parse(text) as T;
 }
 
-/** The Runs view's calls: GET /nblaunch/runs, GET /nblaunch/runs/{id}, POST /nblaunch/runs/{id}/stop. */
+/** The Runs view's calls: GET /nblaunch/runs, GET /nblaunch/runs/{id}, POST /nblaunch/runs/{id}/stop,
+ * GET /nblaunch/runs/{id}/stacks. */
 export const serverRunsBackend: IRunsBackend = {
   list: () => requestAPI<IRunSummary[]>('runs'),
   detail: id => requestAPI<IRunDetail>(`runs/${encodeURIComponent(id)}`),
-  stop: id => requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, { method: 'POST' })
+  stop: id => requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, { method: 'POST' }),
+  stacks: id => requestAPI<IStacksResponse>(`runs/${encodeURIComponent(id)}/stacks`)
 };
 
 /** GET /nblaunch/runs/{id}/ranks/{rank}/log with ?tail=N or ?offset=B. */

@@ -9,13 +9,14 @@
  *   model.shouldPoll();             // true while a run is live (or a cell was just started)
  */
 
-import { IRankInfo, IRunDetail, IRunSummary, IStopResponse } from './types';
+import { IRankInfo, IRunDetail, IRunSummary, IStacksResponse, IStopResponse } from './types';
 
 /** How the model reaches the server; the panel's implementation calls requestAPI. */
 export interface IRunsBackend {
   list(): Promise<IRunSummary[]>;
   detail(id: string): Promise<IRunDetail>;
   stop(id: string): Promise<IStopResponse>;
+  stacks(id: string): Promise<IStacksResponse>;
 }
 
 /** After a cell finishes, keep polling this long: a launch it started may just be ending. */
@@ -32,6 +33,8 @@ export class RunsModel {
   readonly details = new Map<string, IRunDetail>();
   /** Per run: "Stopping…", or the server's reason for refusing Stop. */
   readonly notes = new Map<string, string>();
+  /** Per run: its ranks' stacks as last asked for (Stacks), as text. */
+  readonly stacks = new Map<string, string>();
 
   constructor(
     private readonly _backend: IRunsBackend,
@@ -127,6 +130,24 @@ export class RunsModel {
       this.notes.set(id, `Not stopped: ${messageOf(error)}`);
     }
     await this.refresh();
+  }
+
+  /** Ask for every rank's current stack (the run goes on); Stacks again refreshes, a refusal is the note. */
+  async showStacks(id: string): Promise<void> {
+    try {
+      this.stacks.set(id, stacksText(await this._backend.stacks(id)));
+      this.notes.delete(id);
+    } catch (error) {
+      this.stacks.delete(id);
+      this.notes.set(id, `No stacks: ${messageOf(error)}`);
+    }
+    this._emit();
+  }
+
+  /** Hide the stacks shown for a run. */
+  hideStacks(id: string): void {
+    this.stacks.delete(id);
+    this._emit();
   }
 
   run(id: string): IRunSummary | undefined {
@@ -278,4 +299,20 @@ export function runOrigin(run: IRunSummary): string {
 
 function messageOf(error: unknown): string {
   return error instanceof Error ? error.message : String(error);
+}
+
+/** Each rank's place and collective, then its own frames (innermost last), as the Stacks box shows them. */
+export function stacksText(answer: IStacksResponse): string {
+  return answer.ranks
+    .map(rank => {
+      if (!rank.answered) {
+        return `rank ${rank.rank}: ${rank.reason ?? 'no answer'}`;
+      }
+      const waits = rank.collective ? ` — waiting in torch.distributed.${rank.collective}()` : '';
+      const frames = (rank.frames ?? []).map(f => `    ${f.user ? '' : '· '}${f.where}`);
+      return [`rank ${rank.rank}: ${rank.where ?? 'no Python frame'}${waits}`, ...frames].join(
+        '\n'
+      );
+    })
+    .join('\n\n');
 }

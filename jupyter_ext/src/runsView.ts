@@ -1,7 +1,8 @@
 /**
  * The "Runs" section of the panel: every launch of this user, newest first, with its state,
  * notebook, engine, elapsed time and root cause; expanded, its ranks (pid, state, CPU, memory,
- * GPU when there is one), a Logs button per rank, and Stop while it is live.
+ * GPU when there is one), a Logs button per rank, and Stacks (where every rank is now) and Stop
+ * while it is live.
  *
  * Rows are kept per run and per rank and only their text is updated on each poll, so a
  * button under the pointer is never replaced between press and release.
@@ -70,7 +71,8 @@ export class RunsSection {
         run,
         model.details.get(run.id),
         model.expanded.has(run.id),
-        model.notes.get(run.id)
+        model.notes.get(run.id),
+        model.stacks.get(run.id)
       );
       rows.push(row.node);
     }
@@ -112,17 +114,38 @@ class RunRow {
       class: 'jp-mod-warn nblaunch-run-stop',
       title: 'Stop this run: every rank is stopped, and the cell that runs it raises an error'
     });
+    this._stacksButton = button('Stacks', () => void this._model.showStacks(this._id), {
+      class: 'nblaunch-run-stacks',
+      title:
+        'Show where every rank is now (its Python stack and the collective it waits in); the run goes on'
+    });
+    const hide = button('Hide', () => this._model.hideStacks(this._id), {
+      class: 'nblaunch-stacks-hide'
+    });
+    this._stacks = h(
+      'div',
+      { class: 'nblaunch-run-stacks-box', hidden: true },
+      this._stacksText,
+      hide
+    );
     this.node = h(
       'div',
       { class: 'nblaunch-run', 'data-run-id': _id },
-      h('div', { class: 'nblaunch-run-head' }, this._toggle, this._stop),
+      h('div', { class: 'nblaunch-run-head' }, this._toggle, this._stacksButton, this._stop),
       this._cause,
       this._note,
+      this._stacks,
       this._detail
     );
   }
 
-  update(run: IRunSummary, detail: IRunDetail | undefined, expanded: boolean, note?: string): void {
+  update(
+    run: IRunSummary,
+    detail: IRunDetail | undefined,
+    expanded: boolean,
+    note?: string,
+    stacks?: string
+  ): void {
     this.node.dataset.state = run.state;
     this._toggle.setAttribute('aria-expanded', String(expanded));
     const what = runMeta(run);
@@ -138,6 +161,11 @@ class RunRow {
     this._stop.disabled = !run.can_stop;
     if (run.live && !run.can_stop) {
       this._stop.title = `The ${run.engine} engine takes no Stop from the panel: interrupt its kernel (■)`;
+    }
+    this._stacksButton.hidden = !run.live || !run.can_stop; // asked through the same channel as Stop
+    this._stacks.hidden = stacks === undefined || !run.live;
+    if (this._stacksText.textContent !== (stacks ?? '')) {
+      this._stacksText.textContent = stacks ?? '';
     }
     this._cause.textContent = run.root_cause ?? '';
     this._cause.hidden = !run.root_cause;
@@ -209,6 +237,9 @@ class RunRow {
 
   private _toggle: HTMLButtonElement;
   private _stop: HTMLButtonElement;
+  private _stacksButton: HTMLButtonElement;
+  private _stacks: HTMLElement;
+  private _stacksText = h('pre', { class: 'nblaunch-stacks-text' });
   private _cause = h('div', { class: 'nblaunch-run-cause', hidden: true });
   private _note = h('div', { class: 'nblaunch-run-note', role: 'status', hidden: true });
   private _detail = h('div', { class: 'nblaunch-run-detail', hidden: true });

@@ -76,17 +76,29 @@ export interface IExportResponse {
   command: string;
 }
 
-/** A run's state, as the kernel that runs it writes it ("lost": its kernel went away mid-run). */
+/**
+ * A run's state (kernelside/run_contract.py RunState), as the kernel that runs it writes it; "lost"
+ * (its kernel went away mid-run) and "unknown" (an unreadable state file) are the server's verdicts.
+ * tests/test_run_contract.py fails if this list and the enum differ.
+ */
 export type RunState =
   | 'starting'
   | 'running'
+  | 'idle'
   | 'done'
   | 'failed'
+  | 'timeout'
   | 'interrupted'
   | 'stopped'
-  | 'timeout'
   | 'lost'
   | 'unknown';
+
+/**
+ * A rank's state (kernelside/run_contract.py RankState, where its transitions are written down), as the
+ * kernel's run recorder decided it. tests/test_run_contract.py fails if this list and the enum differ.
+ */
+export type RankState =
+  'starting' | 'running' | 'idle' | 'busy' | 'done' | 'failed' | 'stopped' | 'dead';
 
 /** One entry of GET /nblaunch/runs (newest first). */
 export interface IRunSummary {
@@ -116,7 +128,8 @@ export interface IRunSummary {
 export interface IRankInfo {
   rank: number;
   pid: number | null;
-  state: string;
+  /** A RankState; the server passes on what the state file says (read, never trusted), so any word may come. */
+  state: RankState | string;
   exit: string | null;
   log: string | null;
   gpu?: string | null;
@@ -151,4 +164,30 @@ export interface IStopResponse {
   id: string;
   stopping: boolean;
   message: string;
+}
+
+/** One frame of a rank's stack, outermost first; `where` is how a person reads it. */
+export interface IStackFrame {
+  file: string;
+  line: number | null;
+  function: string;
+  where: string;
+  /** Not torch's, nblaunch's or another library's: the user's own code. */
+  user: boolean;
+}
+
+/** One rank's answer: its main thread's frames and the collective it waits in, or why it gave none. */
+export interface IRankStack {
+  rank: number;
+  answered: boolean;
+  reason?: string;
+  frames?: IStackFrame[];
+  collective?: string | null;
+  where?: string | null;
+}
+
+/** GET /nblaunch/runs/{id}/stacks */
+export interface IStacksResponse {
+  id: string;
+  ranks: IRankStack[];
 }

@@ -9,9 +9,10 @@ import {
   runMeta,
   runOrigin,
   RunsModel,
-  RunsPoller
+  RunsPoller,
+  stacksText
 } from '../src/runsModel';
-import { ILogChunk, IRunDetail, IRunSummary } from '../src/types';
+import { ILogChunk, IRunDetail, IRunSummary, IStacksResponse } from '../src/types';
 
 function summary(id: string, extra: Partial<IRunSummary> = {}): IRunSummary {
   return {
@@ -39,6 +40,7 @@ class InMemoryServer implements IRunsBackend {
   runs: IRunSummary[] = [];
   calls: string[] = [];
   stopAnswer: Error | null = null;
+  stacksAnswer: IStacksResponse | Error = { id: '', ranks: [] };
 
   async list(): Promise<IRunSummary[]> {
     this.calls.push('list');
@@ -64,6 +66,14 @@ class InMemoryServer implements IRunsBackend {
         rss_bytes: 2 ** 28
       }))
     };
+  }
+
+  async stacks(id: string): Promise<IStacksResponse> {
+    this.calls.push(`stacks ${id}`);
+    if (this.stacksAnswer instanceof Error) {
+      throw this.stacksAnswer;
+    }
+    return this.stacksAnswer;
   }
 
   async stop(id: string) {
@@ -314,5 +324,77 @@ describe('formatting', () => {
     const rank = { rank: 0, pid: 1, state: 'running', exit: null, log: 'rank0.log' };
     expect(hasGpuColumns([rank, { ...rank, gpu: null }])).toBe(false);
     expect(hasGpuColumns([rank, { ...rank, gpu_index: 1, gpu_memory_bytes: 2 ** 30 }])).toBe(true);
+  });
+});
+
+describe('Stacks', () => {
+  const answer: IStacksResponse = {
+    id: 'run-20250101-000001-a',
+    ranks: [
+      {
+        rank: 0,
+        answered: true,
+        where: 'cell In[3], line 4 in <module>',
+        collective: null,
+        frames: [
+          {
+            file: '<%%distributed cell In[3]>',
+            line: 4,
+            function: '<module>',
+            where: 'cell In[3], line 4 in <module>',
+            user: true
+          }
+        ]
+      },
+      {
+        rank: 1,
+        answered: true,
+        where: 'train.py:9 in step',
+        collective: 'barrier',
+        frames: [
+          { file: 'train.py', line: 9, function: 'step', where: 'train.py:9 in step', user: true },
+          {
+            file: '/x/torch/distributed/distributed_c10d.py',
+            line: 5300,
+            function: 'barrier',
+            where: 'c10d:5300 in barrier',
+            user: false
+          }
+        ]
+      },
+      {
+        rank: 2,
+        answered: false,
+        reason: 'rank 2 did not answer within 0.5 s (its process is stopped)'
+      }
+    ]
+  };
+
+  it('shows each rank with its place, its collective and its frames, and why a rank gave none', async () => {
+    const server = new InMemoryServer();
+    server.stacksAnswer = answer;
+    const model = new RunsModel(server);
+    await model.showStacks('run-20250101-000001-a');
+    const text = model.stacks.get('run-20250101-000001-a') ?? '';
+    expect(text).toBe(stacksText(answer));
+    expect(text).toContain('rank 1: train.py:9 in step — waiting in torch.distributed.barrier()');
+    expect(text).toContain('    · c10d:5300 in barrier');
+    expect(text).toContain('rank 2: rank 2 did not answer within 0.5 s (its process is stopped)');
+    expect(text.startsWith('rank 0: cell In[3], line 4 in <module>\n    cell In[3]')).toBe(true);
+    model.hideStacks('run-20250101-000001-a');
+    expect(model.stacks.has('run-20250101-000001-a')).toBe(false);
+  });
+
+  it("keeps the server's refusal as the run's note", async () => {
+    const server = new InMemoryServer();
+    server.stacksAnswer = new Error(
+      'run-20250101-000001-a is not running (done): no stacks to show'
+    );
+    const model = new RunsModel(server);
+    await model.showStacks('run-20250101-000001-a');
+    expect(model.stacks.has('run-20250101-000001-a')).toBe(false);
+    expect(model.notes.get('run-20250101-000001-a')).toBe(
+      'No stacks: run-20250101-000001-a is not running (done): no stacks to show'
+    );
   });
 });

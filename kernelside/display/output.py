@@ -26,6 +26,8 @@ import collections
 import os
 import time
 
+from ..run_contract import rank_log_name
+
 TAIL_LINES = 40
 # What the cell shows is budgeted (token bucket) below Jupyter server's default IOPub limit of
 # 1 MB/s over 3 s, so a flood of prints never stalls the notebook or makes the server drop output.
@@ -71,7 +73,7 @@ class RankOutputRouter:
         self.held_tail: collections.deque = collections.deque(maxlen=HELD_TAIL_LINES)
         self.unflushed = 0
         for r in range(world_size):
-            path = os.path.join(log_dir, f"rank{r}.log")
+            path = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract: the server reads it
             self.logs[r] = open(path, "ab", buffering=0)
             self.log_paths[r] = path
 

@@ -17,6 +17,7 @@ import time
 
 from tqdm import std as tqdm_std
 
+from ..run_contract import RankState
 from .metrics_chart import MetricsChart, render_svg
 from .run_links import log_links_html
 
@@ -191,19 +192,9 @@ class RunDisplay:
 
     def _draw_status(self) -> None:
         rep = self.report
-        counts = {"starting": 0, "running": 0, "done": 0, "failed": 0}
-        failed = {f.rank for f in rep.failures}
+        counts = {state: 0 for state in RankState}  # in the enum's order: starting, running, ... done, failed
         for r in rep.ranks:
-            if r.rank in failed:
-                counts["failed"] += 1
-            elif r.status is not None:
-                counts["done" if r.status.ok else "failed"] += 1
-            elif r.done_s is not None:
-                counts["done"] += 1
-            elif r.ready_s is not None:
-                counts["running"] += 1
-            else:
-                counts["starting"] += 1
+            counts[r.state] += 1  # the recorder's
         parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
         live = f" {html.escape(rep.session)}:" if rep.session else ""
         self.status.value = (

@@ -6,6 +6,10 @@ raises ``StdinNotImplementedError`` when it did not), in a thread: the kernel lo
 output and watching the ranks while the user types, so another rank's failure still stops the
 launch at once. The answer wakes the loop through a pipe and goes to the rank on its replies pipe.
 
+One question is open at a time: a rank that asks while another's prompt is open (two ranks stopping
+in their debuggers at once) waits its turn, and its debugger's text (``text``: what a rank other than
+0 printed in its debugger) is shown in the cell just before its own prompt.
+
 A question still open when the launch ends is withdrawn: its thread gets a ``KeyboardInterrupt``
 (ipykernel's wait for the reply ends on it, as on ■), so no stale reader is left on the kernel's
 stdin channel to take the answer meant for a later ``input()``.
@@ -21,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import builtins
+import collections
 import contextvars
 import ctypes
 import getpass
@@ -36,7 +41,11 @@ WITHDRAW_WAIT_S = 1.0
 class StdinRelay:
     """Asks the frontend for one line at a time, in a thread; answers are delivered by the kernel loop."""
 
-    def __init__(self):
+    def __init__(self, show_text=None):
+        """``show_text(text)``: writes a rank's debugger text into the cell (before its prompt)."""
+        self._show_text = show_text
+        self._turns: collections.deque = collections.deque()  # (reply_fd, request) waiting for their turn
+        self._busy = False
         # the kernel's forwarding functions, as the launching cell sees them (ipykernel swaps them per request)
         self._ask_line = builtins.input
         self._ask_secret = getpass.getpass
@@ -50,12 +59,21 @@ class StdinRelay:
 
     @property
     def waiting(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return (self._thread is not None and self._thread.is_alive()) or bool(self._turns)
 
     def ask(self, reply_fd: int, request: dict) -> None:
-        """Start asking the frontend; the answer (or the error the kernel's input() raised) comes back later."""
+        """Start asking the frontend (or queue the question behind the open one); the answer (or the error
+        the kernel's input() raised) comes back later."""
+        self._turns.append((reply_fd, request, contextvars.copy_context()))
+        self._next()
+
+    def _next(self) -> None:
+        if self._busy or not self._turns:
+            return
+        reply_fd, request, ctx = self._turns.popleft()
+        self._busy = True
         self.asked += 1
-        ctx = contextvars.copy_context()  # the cell's request context: the frontend that asked gets the prompt
+        # ctx: the cell's request context, taken when the rank asked: the frontend that ran it gets the prompt
         self._thread = threading.Thread(
             target=ctx.run, args=(self._ask, reply_fd, request), name="nblaunch-stdin", daemon=True
         )
@@ -64,12 +82,15 @@ class StdinRelay:
     def _ask(self, reply_fd: int, request: dict) -> None:
         reply = {"id": request.get("id")}
         try:
+            if request.get("text") and self._show_text is not None:
+                self._show_text(str(request["text"]))
             fn = self._ask_secret if request.get("password") else self._ask_line
             reply["value"] = str(fn(request.get("prompt", "")))
         except BaseException as e:  # noqa: B036 - whatever the kernel's input() raised, the rank raises
             reply["error"] = {"type": type(e).__name__, "message": str(e)}
         self._answers.put((reply_fd, reply))
         with self._lock:
+            self._busy = False  # before the wake: on_wake() then starts the next question
             if not self._closed:
                 try:
                     os.write(self._wake_w, b"!")
@@ -89,9 +110,11 @@ class StdinRelay:
             except queue.Empty:
                 return
             _send(reply_fd, encode("input_reply", reply))
+            self._next()
 
     def close(self) -> None:
-        """Withdraw an open question and release the wake pipe."""
+        """Withdraw an open question (and those waiting their turn) and release the wake pipe."""
+        self._turns.clear()
         thread = self._thread
         if thread is not None and thread.is_alive():
             _raise_in_thread(thread, KeyboardInterrupt)

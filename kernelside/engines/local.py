@@ -21,6 +21,7 @@ import time
 from ..launch import warmup
 from ..worker.entry import Payload
 from ..worker.lifecycle import RankSpec
+from ..worker.stack_signal import stacks_path
 from .local_group import WorkerGroup
 from .local_loop import TERMINATE_GRACE_S, EventLoop
 
@@ -107,6 +108,8 @@ class LocalEngine:
                 progress_render=self.render,
                 progress_scope=plan.progress,
                 metrics=plan.metrics,
+                leaves_with_exit=True,  # worker/entry.py: os._exit, no destructor runs
+                stacks_file=stacks_path(self.log_dir, r),
             )
             for r in range(plan.num_processes)
         ]

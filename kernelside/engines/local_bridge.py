@@ -39,7 +39,7 @@ class NotebookBridge:
         self.loop = loop
         self.rec = recorder
         self.rich = CellRichOutput(recorder.router)
-        self.stdin = StdinRelay()
+        self.stdin = StdinRelay(show_text=self._show_debugger_text)
         self.unfed = {s: bytearray() for s in STREAMS}  # read from rank 0's pipes, not yet given to the router
         self.fed = dict.fromkeys(STREAMS, 0)  # bytes of rank 0's streams given to the router
 
@@ -71,6 +71,13 @@ class NotebookBridge:
 
     def on_wake(self) -> None:
         self.stdin.on_wake()
+
+    def _show_debugger_text(self, text: str) -> None:
+        """(the stdin relay's thread) A rank's debugger text, in the cell just before its prompt."""
+        sink = self.rec.router.sinks["stdout"] if self.rec.router is not None else None
+        if sink is not None:
+            sink.write(text if text.endswith("\n") else text + "\n")
+            sink.flush()
 
     def tick(self) -> None:
         self.rich.tick()

@@ -59,7 +59,11 @@ class EventLoop:
         self.bridge = NotebookBridge(self, recorder)
         self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
         if recorder.tracker is not None:  # the launch panel's Stop, served from this loop
-            recorder.tracker.attach(self.sel, recorder.stop_requested)
+            recorder.tracker.attach(self.sel, recorder.stop_requested, self.stack_targets)
+
+    def stack_targets(self) -> list[tuple[int, int, str | None]]:
+        """The ranks a request for stacks goes to: (rank, pid, how it ended or None), from this loop's thread."""
+        return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in self.group.workers]
 
     def run(self) -> None:
         try:

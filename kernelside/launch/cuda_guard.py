@@ -14,13 +14,14 @@ already-loaded library tells initialized from merely loaded without initializing
 
 Example::
 
-    >>> install()            # done by ``import kernelside``
+    >>> install_when_torch_loads()   # done by ``import kernelside``: now, or when torch.cuda is imported
     >>> first_init_site()    # None until something initializes CUDA
 """
 
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
 import os
 import re
 import sys
@@ -87,6 +88,51 @@ def install(cuda_module=None) -> None:
     _lazy_init_recording.__wrapped__ = original
     cuda_module._lazy_init = _lazy_init_recording
     _state["installed_on"] = cuda_module
+
+
+class _InstallOnTorchCudaImport(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when ``torch.cuda`` is about to load, it has the real loader call ``install``
+    right after the module runs, then leaves ``sys.meta_path``. ``import kernelside`` does not import
+    torch (the Jupyter server imports kernelside's contract and must stay torch-free), yet CUDA's
+    first initialization must be recorded from that import on."""
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != "torch.cuda":
+            return None
+        sys.meta_path.remove(self)
+        for finder in sys.meta_path:
+            spec = finder.find_spec(fullname, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        run_module = getattr(loader, "exec_module", None)
+        if run_module is None:
+            return spec
+
+        def exec_then_install(module):
+            run_module(module)
+            install(module)
+
+        loader.exec_module = exec_then_install  # this loader instance serves torch.cuda alone
+        return spec
+
+
+def install_when_torch_loads() -> None:
+    """``install()`` now if torch is imported, else the moment ``torch.cuda`` is (once per process).
+
+    Example::
+
+        >>> install_when_torch_loads()
+        >>> import torch
+        >>> torch.cuda._lazy_init._nblaunch_wrapped
+        True
+    """
+    if "torch.cuda" in sys.modules:
+        install(sys.modules["torch.cuda"])
+    elif not any(isinstance(f, _InstallOnTorchCudaImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _InstallOnTorchCudaImport())
 
 
 def _torch_initialized() -> bool:

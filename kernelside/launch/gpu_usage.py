@@ -9,8 +9,8 @@ entries may be indices or ``GPU-<uuid>`` prefixes as CUDA accepts them. Utilizat
 own SM utilization where NVML samples processes, else its GPU's.
 
 Without nvidia-ml-py, without a driver or without GPUs every call is a no-op and the report has no
-GPU columns; reading NVML never fails a launch. NVML is initialized once per process and never shut
-down (torch's own device count does the same), so a launch pays nothing for it after the first.
+GPU columns; reading NVML never fails a launch. The NVML calls are ``kernelside/nvml_devices.py``'s,
+the one reader the Jupyter server's Runs view uses too; this module adds the ranks.
 
 Example::
 
@@ -26,69 +26,20 @@ import dataclasses
 import os
 import time
 
+from ..nvml_devices import NvmlSampler, nvml, nvml_unavailable_reason, visible_handles, visible_nvml_indices
+
 SAMPLE_INTERVAL_S = 1.0
-_nvml_state: dict = {"module": None, "tried": False, "error": None}
 _handles_cache: dict = {}  # CUDA_VISIBLE_DEVICES -> NVML handles in the kernel's CUDA order
 
-
-def _nvml():
-    """The initialized pynvml module, or None (not installed, no driver, no GPU, no permission)."""
-    if not _nvml_state["tried"]:
-        _nvml_state["tried"] = True
-        try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            _nvml_state["module"] = pynvml
-        except ImportError:
-            _nvml_state["error"] = "nvidia-ml-py (pynvml) is not installed"
-        except Exception as e:  # NVMLError_LibraryNotFound, _DriverNotLoaded, _NoPermission, ...
-            _nvml_state["error"] = f"NVML: {e}"
-    return _nvml_state["module"]
-
-
-def nvml_unavailable_reason() -> str | None:
-    """Why there are no GPU figures (None when NVML works in this process).
-
-    Example::
-
-        >>> nvml_unavailable_reason()          # on a machine without the NVIDIA driver
-        'NVML: NVML Shared Library Not Found'
-    """
-    _nvml()
-    return _nvml_state["error"]
-
-
-def visible_nvml_indices(cvd: str | None, uuids: list[str]) -> list[int]:
-    """The NVML indices of the GPUs CUDA shows a process with ``CUDA_VISIBLE_DEVICES=cvd``, in CUDA's order.
-
-    ``uuids[i]`` is NVML device i's UUID ("GPU-…"); ``cvd`` None means every GPU. As CUDA does, the
-    list ends at the first entry that names no GPU, or one already listed ("" and "-1" hide them all).
-    MIG instances ("MIG-…") are not mapped.
-
-    Example::
-
-        >>> visible_nvml_indices("1,GPU-ab", ["GPU-ab12", "GPU-cd34"])
-        [1, 0]
-    """
-    if cvd is None:
-        return list(range(len(uuids)))
-    found: list[int] = []
-    for entry in (e.strip() for e in cvd.split(",")):
-        index = _device_for_entry(entry, uuids)
-        if index is None or index in found:
-            break
-        found.append(index)
-    return found
-
-
-def _device_for_entry(entry: str, uuids: list[str]) -> int | None:
-    if entry.isdigit():
-        return int(entry) if int(entry) < len(uuids) else None
-    if entry.lower().startswith("gpu-"):
-        hits = [i for i, u in enumerate(uuids) if u.lower().startswith(entry.lower())]
-        return hits[0] if len(hits) == 1 else None  # an ambiguous prefix names no GPU
-    return None
+# nvml_unavailable_reason and visible_nvml_indices are nvml_devices', named here too for the report's readers
+__all__ = [
+    "GpuUsageSampler",
+    "nvml_unavailable_reason",
+    "parent_pid",
+    "ranks_of",
+    "sampler_for",
+    "visible_nvml_indices",
+]
 
 
 def ranks_of(pids, rank_pids: dict[int, int], parent_of) -> dict[int, int]:
@@ -139,13 +90,10 @@ class GpuUsageSampler:
 
     available = True
 
-    def __init__(self, nvml, devices: list[tuple[int, object]]):
-        self._nv = nvml
-        self._devices = devices  # (the kernel's CUDA index, NVML handle)
+    def __init__(self, nv, devices: list[tuple[int, object]]):
+        self._nvml = NvmlSampler(nv, devices)  # (the kernel's CUDA index, NVML handle)
         self._next = time.monotonic() + SAMPLE_INTERVAL_S
         self._figures: dict[int, _RankFigures] = {}
-        self._last_seen_us: dict[int, int] = {}
-        self._no_process_util: set[int] = set()  # GPUs where NVML samples no processes (some VMs)
 
     def tick(self, ranks, now: float | None = None) -> None:
         """Sample if a second has passed since the last sample (the kernel loop calls this every turn)."""
@@ -166,12 +114,12 @@ class GpuUsageSampler:
         held: dict[int, dict[int, int]] = {}  # rank -> {gpu index: bytes}
         known: set[int] = set()  # ranks for which NVML gave a memory figure (a VM may not)
         util: dict[int, float] = {}
-        for index, handle in self._devices:
-            procs = self._processes(handle)
+        for index, handle in self._nvml.devices:
+            procs = self._nvml.processes(handle)
             owners = ranks_of([pid for pid, _ in procs], rank_pids, parent_pid)
             if not owners:
                 continue
-            by_pid = self._process_util(index, handle)
+            by_pid = self._nvml.process_util(index, handle)
             here: dict[int, float] = {}  # rank -> its processes' SM utilization on this GPU
             for pid, used in procs:
                 rank = owners.get(pid)
@@ -184,7 +132,7 @@ class GpuUsageSampler:
                 if by_pid is not None and pid in by_pid:
                     here[rank] = min(100.0, here.get(rank, 0.0) + by_pid[pid])
             if set(owners.values()) - set(here):
-                gpu_util = self._device_util(handle)  # NVML sampled no process of that rank here: the GPU's own
+                gpu_util = self._nvml.device_util(handle)  # NVML sampled no process of that rank here: the GPU's own
                 if gpu_util is not None:
                     here.update({rank: float(gpu_util) for rank in set(owners.values()) - set(here)})
             for rank, value in here.items():  # a rank on several GPUs: its busiest one
@@ -207,37 +155,6 @@ class GpuUsageSampler:
             if fig.util_samples:
                 rr.gpu_util_percent = round(fig.util_sum / fig.util_samples, 1)
 
-    def _processes(self, handle) -> list[tuple[int, int | None]]:
-        try:
-            return [(p.pid, p.usedGpuMemory) for p in self._nv.nvmlDeviceGetComputeRunningProcesses(handle)]
-        except self._nv.NVMLError:
-            return []
-
-    def _process_util(self, index: int, handle) -> dict[int, float] | None:
-        """pid -> SM utilization (%) from NVML's latest per-process sample; None where NVML has none."""
-        if index in self._no_process_util:
-            return None
-        try:
-            samples = self._nv.nvmlDeviceGetProcessUtilization(handle, self._last_seen_us.get(index, 0))
-        except self._nv.NVMLError_NotSupported:
-            self._no_process_util.add(index)
-            return None
-        except self._nv.NVMLError:
-            return None  # NOT_FOUND: no sample since the last one
-        latest: dict[int, tuple[int, float]] = {}
-        for s in samples:
-            if s.pid not in latest or s.timeStamp > latest[s.pid][0]:
-                latest[s.pid] = (s.timeStamp, float(s.smUtil))
-        if latest:
-            self._last_seen_us[index] = max(t for t, _ in latest.values())
-        return {pid: u for pid, (_, u) in latest.items()}
-
-    def _device_util(self, handle) -> int | None:
-        try:
-            return int(self._nv.nvmlDeviceGetUtilizationRates(handle).gpu)
-        except self._nv.NVMLError:
-            return None
-
 
 class _NoGpu:
     """The sampler where there is nothing to sample: every call does nothing."""
@@ -254,18 +171,11 @@ class _NoGpu:
 NO_GPU = _NoGpu()
 
 
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _visible_handles(nv) -> list:
     """NVML handles of the GPUs this process's CUDA sees, in CUDA's order (cached per CUDA_VISIBLE_DEVICES)."""
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd not in _handles_cache:
-        handles = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
-        need_uuids = cvd is not None and "gpu-" in cvd.lower()
-        uuids = [_text(nv.nvmlDeviceGetUUID(h)) for h in handles] if need_uuids else [""] * len(handles)
-        _handles_cache[cvd] = [handles[i] for i in visible_nvml_indices(cvd, uuids)]
+        _handles_cache[cvd] = visible_handles(nv, cvd)
     return _handles_cache[cvd]
 
 
@@ -279,7 +189,7 @@ def sampler_for(gpu_ids: tuple[int, ...]) -> GpuUsageSampler | _NoGpu:
     """
     if not gpu_ids:
         return NO_GPU
-    nv = _nvml()
+    nv = nvml()
     if nv is None:
         return NO_GPU
     try:

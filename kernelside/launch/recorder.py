@@ -6,6 +6,11 @@ observations — a rank's output, its events (``ready``, ``done``, ``progress``,
 and the recorder alone fills the ``LaunchReport``, decides the outcome and the root cause, asks
 the engine to stop every rank at the first failure, and builds the ``WorkerError``.
 
+**Rank state.** The recorder alone moves each rank's ``RankReport.state`` (``run_contract.RankState``,
+transitions in its docstring); the widgets' status line, the failure message, the state file and, through
+it, the server and the panel read it. ``live_rank_state()`` is the same decision for a live session's
+ranks between requests, when no recorder runs.
+
 **Clock.** Failure times are compared to find the root cause, so they must come from one clock:
 the engine declares it. Ranks on this machine are timed on ``time.monotonic()``; ranks that
 may run on other machines (Ray) on wall time. Workers stamp their events with both; the
@@ -26,6 +31,7 @@ import time
 import cloudpickle
 
 from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
+from ..run_contract import RankState
 from .report import ExitStatus, Failure, LaunchReport, RankReport, format_failure_message
 from .run_control import STOPPED_MESSAGE
 
@@ -68,13 +74,22 @@ class RunRecorder:
         self.results: list[bytes | None] = [None] * report.world_size
         self.idle: dict[int, dict] = {}  # a live rank's last ``idle`` event (it is back waiting for requests)
         self.notes: list[str] = []  # what the engine did about the failure (a live session restarted, say)
+        self.request: int | None = None  # a live session's request id (its ranks go back to idle), None: one-shot
         report.clock = clock
 
     # -- what the engine tells ------------------------------------------------------------
-    def add_ranks(self, ranks) -> None:
-        """``ranks``: (rank, pid) pairs of the processes the engine started."""
+    def add_ranks(self, ranks, *, request: int | None = None) -> None:
+        """``ranks``: (rank, pid) pairs of the processes the engine started; or, with ``request``, the live
+        ranks that take request ``request`` (0: the start of the session, when they are still starting)."""
         paths = getattr(self.router, "log_paths", {})
-        self.report.ranks = [RankReport(rank=r, pid=pid, log_path=paths.get(r, "")) for r, pid in ranks]
+        self.request = request
+        first = RankState.BUSY if request else RankState.STARTING
+        self.report.ranks = [RankReport(rank=r, pid=pid, log_path=paths.get(r, ""), state=first) for r, pid in ranks]
+
+    def rank_state(self, rank: int) -> RankState | None:
+        """Rank ``rank``'s state as this recorder decided it (None: not a rank of this run)."""
+        rr = self._rank(rank)
+        return None if rr is None else rr.state
 
     @property
     def stopping(self) -> bool:
@@ -92,11 +107,15 @@ class RunRecorder:
             if rr is not None:
                 rr.pid = payload.get("pid", rr.pid)
                 rr.ready_s = self._since(payload)
+                if self.request is None:
+                    self._move(rr, RankState.RUNNING)
                 if all(r.ready_s is not None for r in self.report.ranks):
                     self.report.startup_s = max(r.ready_s for r in self.report.ranks)
         elif kind == "done":
             if rr is not None:
                 rr.done_s = self._since(payload)
+                if self.request is None:  # (a live rank's code returned: it is busy until back to idle)
+                    self._move(rr, RankState.DONE)
             if self.gpu is not None:
                 self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
         elif kind == "result":
@@ -110,6 +129,8 @@ class RunRecorder:
             self._fail(Failure.from_error(rank, payload, self.clock))
         elif kind == "idle":
             self.idle[rank] = payload
+            if rr is not None and payload.get("cell") == self.request:
+                self._move(rr, RankState.IDLE)  # back for this request, whatever its outcome
         self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
         if self.display is not None and kind in ("progress", "metrics"):
             self.display.on_event(rank, kind, payload)
@@ -122,6 +143,8 @@ class RunRecorder:
         if rr is not None:
             rr.status = status
             rr.ended_s = time.monotonic() - self.t_call
+            if self.request is not None:
+                self._move(rr, RankState.DEAD)  # a live rank's process is gone: the world decides what next
         own = [f for f in self.report.failures if f.rank == rank]
         if own:
             for f in own:
@@ -139,8 +162,12 @@ class RunRecorder:
                         status=status,
                     )
                 )
+            elif rr is not None:
+                self._move(rr, RankState.DONE)
             return
         if self.stopping and status.signal == signal.SIGTERM:
+            if rr is not None:
+                self._move(rr, RankState.STOPPED)
             return  # ended by our SIGTERM; any other end (exit code, SIGKILL, SIGSEGV) is the rank's own
         self._fail(Failure(rank=rank, kind="exit", message=status.describe(), t=self.now(), status=status))
 
@@ -206,6 +233,10 @@ class RunRecorder:
     def close(self) -> None:
         """The engine has stopped every rank and every pipe is drained: finish output, timings, root cause."""
         self._blame_departures()
+        if self.request is None:  # a one-shot rank still starting or running now was stopped by nblaunch
+            for rr in self.report.ranks:
+                if rr.state in (RankState.STARTING, RankState.RUNNING):
+                    self._move(rr, RankState.STOPPED)
         if self.router is not None:
             self.router.finish()
         self.report.ended_at = time.time()
@@ -245,8 +276,17 @@ class RunRecorder:
     def _must_return(self, rank: int) -> bool:
         return rank == 0 or self.report.return_all
 
+    def _move(self, rr: RankReport, state: RankState) -> None:
+        """The one place a rank's state changes: final states stay, except DONE, which a bad exit makes FAILED."""
+        if rr.state.is_final and not (rr.state is RankState.DONE and state is RankState.FAILED):
+            return
+        rr.state = state
+
     def _fail(self, failure: Failure, outcome: str = "failed") -> None:
         self.report.failures.append(failure)
+        rr = self._rank(failure.rank) if failure.rank is not None else None
+        if rr is not None and self.request is None:  # a live rank that failed a request goes back to idle
+            self._move(rr, RankState.FAILED)
         if not self.stopping:
             self.report.outcome = outcome
             self._begin_stop()
@@ -281,6 +321,7 @@ class RunRecorder:
             left = rr.left
             if left is None or rr.rank in failed or left["t"] > first_loss.t:
                 continue
+            self._move(rr, RankState.FAILED)
             rep.failures.append(
                 Failure(
                     rank=rr.rank,
@@ -308,3 +349,20 @@ class RunRecorder:
                     report=self.report,
                 ) from None
         return values
+
+
+def live_rank_state(*, process_ended: bool, session_over: bool, starting: bool, in_request: RankState | None):
+    """A live session's rank between (or during) requests: DEAD once its process or the session ended,
+    else what the request's recorder says (``in_request``), else STARTING while the world comes up,
+    else IDLE.
+
+    Example::
+
+        >>> live_rank_state(process_ended=False, session_over=False, starting=False, in_request=None)
+        <RankState.IDLE: 'idle'>
+    """
+    if process_ended or session_over:
+        return RankState.DEAD
+    if in_request is not None:
+        return in_request
+    return RankState.STARTING if starting else RankState.IDLE

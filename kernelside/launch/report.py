@@ -12,6 +12,8 @@ import dataclasses
 import re
 import signal
 
+from ..run_contract import RankState
+
 # Errors a rank raises *because a peer died* (its collective lost the connection). They are
 # never the root cause while a rank with another failure exists.
 _PEER_LOSS = re.compile(
@@ -97,6 +99,7 @@ class RankReport:
     gpu_memory_bytes: int | None = None  # the most device memory the rank and its children held in a sample
     gpu_util_percent: float | None = None  # mean utilization over the samples (the process's, else its GPU's)
     left: dict | None = None  # it left on its own (sys.exit(0) in the launched code): worker/rank_departure.py
+    state: RankState = RankState.STARTING  # moved by the run recorder alone (launch/recorder.py)
 
     @property
     def exit(self) -> str:
@@ -209,7 +212,7 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
             + "; ".join(f"rank {f.rank}: {f.message.splitlines()[0][:200]}" for f in others if f.rank is not None)
         )
     failed = {f.rank for f in report.failures}
-    finished = [r.rank for r in report.ranks if r.rank not in failed and r.done_s is not None]
+    finished = [r.rank for r in report.ranks if r.rank not in failed and r.state is RankState.DONE]
     stopped = [r.rank for r in report.ranks if r.rank not in failed and r.rank not in finished]
     if root.caused_by_peer:
         gone = (

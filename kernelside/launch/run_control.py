@@ -4,7 +4,10 @@ The kernel that runs the launch listens on it, from its own event loop (the sock
 the loop's selector beside the ranks' pipes): the launch panel's server extension connects,
 sends one JSON line ``{"op": "stop"}`` and reads one JSON line back. Stop is therefore
 carried out by the process that owns the ranks, through its usual failure path; nothing
-else ever signals a rank on the panel's behalf.
+else ever signals a rank on the panel's behalf. ``{"op": "stacks"}`` is answered with every
+rank's current Python stack (``rank_stacks``): the ranks are signalled from the loop's thread
+(which holds their zombies: no reused pid), and a short-lived thread waits for their dumps and
+sends the answer, so the loop never waits for a rank.
 
 Only this user can reach the socket (the run folder is 0700) and a peer of another uid is
 refused anyway (``SO_PEERCRED``). Requests are tiny and never block the loop: every socket
@@ -25,8 +28,11 @@ import os
 import selectors
 import socket
 import struct
+import threading
 
-CONTROL_SOCKET = "control.sock"
+from ..run_contract import CONTROL_SOCKET  # the run folder's contract: the server connects by this name
+from . import rank_stacks
+
 STOPPED_MESSAGE = "the run was stopped from the launch panel (Stop): every rank was stopped and nothing is left running"
 MAX_REQUEST_BYTES = 4096
 MAX_PENDING = 8  # connections that have not sent their request yet; beyond this the oldest is dropped
@@ -53,6 +59,8 @@ class RunControl:
         self.listener = listener
         self.sel: selectors.BaseSelector | None = None
         self.on_stop = None
+        self.on_stacks = None
+        self.answering: list[threading.Thread] = []  # stacks answers being collected
         self.pending: dict[int, tuple[socket.socket, bytearray]] = {}
 
     @classmethod
@@ -71,9 +79,10 @@ class RunControl:
             os.close(dir_fd)
         return cls(run_dir, listener)
 
-    def register(self, sel: selectors.BaseSelector, on_stop) -> None:
-        """Serve requests from ``sel``'s loop; ``on_stop()`` returns True if it began stopping the run."""
-        self.sel, self.on_stop = sel, on_stop
+    def register(self, sel: selectors.BaseSelector, on_stop, on_stacks=None) -> None:
+        """Serve requests from ``sel``'s loop; ``on_stop()`` returns True if it began stopping the run;
+        ``on_stacks()`` returns the ranks to ask for stacks, [(rank, pid, how it ended or None)]."""
+        self.sel, self.on_stop, self.on_stacks = sel, on_stop, on_stacks
         sel.register(self.listener, selectors.EVENT_READ, (self, "control"))
 
     def on_ready(self, fd: int) -> None:
@@ -110,6 +119,9 @@ class RunControl:
         buf += data
         if b"\n" not in buf and data and len(buf) <= MAX_REQUEST_BYTES:
             return  # the rest of the line is still coming
+        if self._is_stacks(buf):
+            self._answer_stacks(fd)
+            return
         reply = self._answer(bytes(buf).split(b"\n", 1)[0]) if buf else None
         if reply is not None:
             try:
@@ -130,7 +142,32 @@ class RunControl:
             if self.on_stop():
                 return {"ok": True, "message": self.stopping_message}
             return {"ok": True, "message": "the run is already stopping"}
-        return {"ok": False, "message": f"unknown op {op!r}: allowed are 'stop' and 'ping'"}
+        return {"ok": False, "message": f"unknown op {op!r}: allowed are 'stop', 'stacks' and 'ping'"}
+
+    def _is_stacks(self, buf: bytearray) -> bool:
+        try:
+            request = json.loads(bytes(buf).split(b"\n", 1)[0])
+        except (ValueError, UnicodeDecodeError):
+            return False
+        return isinstance(request, dict) and request.get("op") == "stacks"
+
+    def _answer_stacks(self, fd: int) -> None:
+        conn, _ = self.pending.pop(fd)
+        try:
+            self.sel.unregister(conn)
+        except (KeyError, ValueError):
+            pass
+        if self.on_stacks is None:
+            _send_and_close(conn, {"ok": False, "message": "this run cannot show its ranks' stacks"})
+            return
+        try:
+            request = rank_stacks.StackRequest.send(self.run_dir, self.on_stacks())
+        except Exception as e:  # noqa: BLE001 - the run goes on; the asker gets the reason
+            _send_and_close(conn, {"ok": False, "message": f"the ranks could not be asked: {type(e).__name__}: {e}"})
+            return
+        t = threading.Thread(target=_collect_and_reply, args=(conn, request), name="nblaunch-stacks", daemon=True)
+        self.answering = [a for a in self.answering if a.is_alive()] + [t]
+        t.start()
 
     def _drop(self, fd: int) -> None:
         conn, _ = self.pending.pop(fd)
@@ -142,6 +179,8 @@ class RunControl:
 
     def close(self) -> None:
         """Stop listening and remove the socket file: a later connect finds no owner."""
+        for t in self.answering:
+            t.join(rank_stacks.ANSWER_TIMEOUT_S + 1.5)  # bounded: collect() and a 1 s send
         for fd in list(self.pending):
             conn, _ = self.pending.pop(fd)
             conn.close()
@@ -150,3 +189,22 @@ class RunControl:
             os.unlink(self.path)
         except OSError:
             pass
+
+
+def _collect_and_reply(conn: socket.socket, request) -> None:
+    try:
+        answer = request.collect(label=rank_stacks.kernel_label)
+        _send_and_close(conn, {"ok": True, **answer})
+    except Exception as e:  # noqa: BLE001 - the asker gets the reason rather than silence
+        _send_and_close(conn, {"ok": False, "message": f"the stacks could not be read: {type(e).__name__}: {e}"})
+
+
+def _send_and_close(conn: socket.socket, reply: dict) -> None:
+    try:
+        conn.setblocking(True)
+        conn.settimeout(1.0)  # a client that stopped reading never holds the thread
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+    except OSError:
+        pass
+    finally:
+        conn.close()

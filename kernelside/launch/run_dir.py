@@ -19,13 +19,12 @@ import os
 import shutil
 import tempfile
 
+# the folder's layout is the contract the Jupyter server reads by; these names are its
+from ..run_contract import IN_USE_FILE, RUN_PREFIX, runs_base
+
+__all__ = ["IN_USE_FILE", "KEEP_RUN_LOGS", "in_use", "run_log_dir", "runs_base"]
+
 KEEP_RUN_LOGS = 50  # per log folder, the newest runs' logs are kept; older run folders are removed
-IN_USE_FILE = ".in-use"  # each run holds an flock on this file while it runs: pruning never takes a live folder
-
-
-def runs_base(log_dir: str | None) -> str:
-    """The folder that holds the run folders: ``log_dir``, or ``$TMPDIR/nblaunch-<uid>``."""
-    return log_dir or os.path.join(tempfile.gettempdir(), f"nblaunch-{os.getuid()}")
 
 
 @contextlib.contextmanager
@@ -33,12 +32,12 @@ def run_log_dir(log_dir: str | None):
     """A fresh ``run-<time>-…`` folder for this launch's logs, locked for as long as the launch runs."""
     base = runs_base(log_dir)
     os.makedirs(base, exist_ok=True)
-    runs = sorted(e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name.startswith("run-"))
+    runs = sorted(e.path for e in os.scandir(base) if e.is_dir(follow_symlinks=False) and e.name.startswith(RUN_PREFIX))
     for old in runs[: max(0, len(runs) - KEEP_RUN_LOGS + 1)]:  # names sort by their timestamp
         if not in_use(old):
             shutil.rmtree(old, ignore_errors=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = tempfile.mkdtemp(prefix=f"run-{stamp}-", dir=base)
+    path = tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{stamp}-", dir=base)
     fd = os.open(os.path.join(path, IN_USE_FILE), os.O_CREAT | os.O_RDWR, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -6,8 +6,8 @@ atomically (temporary file + rename) so a reader sees the old or the new file, w
 written at every change of state and otherwise at most every ``WRITE_EVERY_S`` (the elapsed
 time and a sign of life): the workers never do any of this, so a rank is never slowed.
 
-The server extension (``jupyter_ext/runs.py``) reads these files; it repeats the names
-``STATE_FILE`` and the states below, and a test checks that both sides agree.
+The file's name, schema and states are ``kernelside/run_contract.py``'s, which the server extension
+(``jupyter_ext/runs.py``) reads by too; each rank's state is the one the run recorder decided.
 
 Example::
 
@@ -23,42 +23,19 @@ import os
 import sys
 import time
 
-STATE_FILE = "state.json"
-FORMAT_VERSION = 1
+from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
+
+__all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
+
 WRITE_EVERY_S = 0.25
 # report.outcome -> the run's state; "running" becomes "starting" until every rank runs user code
 _FINAL_STATES = {
-    "ok": "done",
-    "failed": "failed",
-    "timeout": "timeout",
-    "interrupted": "interrupted",
-    "stopped": "stopped",
+    "ok": RunState.DONE,
+    "failed": RunState.FAILED,
+    "timeout": RunState.TIMEOUT,
+    "interrupted": RunState.INTERRUPTED,
+    "stopped": RunState.STOPPED,
 }
-
-
-def proc_start_time(pid: int | None) -> int | None:
-    """A process's start time in clock ticks after boot (``/proc/<pid>/stat`` field 22), or None.
-
-    With the pid, it names one process for good: a reused pid has another start time.
-
-    Example::
-
-        >>> proc_start_time(os.getpid()) > 0
-        True
-    """
-    if not pid:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-    except OSError:
-        return None
-    # the command name (field 2) may hold spaces and parentheses: count fields after its last ')'
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])  # field 22 overall = index 19 after pid and comm
-    except (IndexError, ValueError):
-        return None
 
 
 def kernel_identity() -> dict:
@@ -87,23 +64,26 @@ def kernel_identity() -> dict:
     }
 
 
-def run_state_of(outcome: str, ranks: list) -> str:
-    """starting | running | done | failed | timeout | interrupted | stopped, from a report's outcome."""
+def run_state_of(outcome: str, ranks: list) -> RunState:
+    """The run's ``RunState`` from a report's outcome: STARTING until every rank runs user code, then RUNNING.
+
+    Example::
+
+        >>> run_state_of("timeout", [])
+        <RunState.TIMEOUT: 'timeout'>
+    """
     if outcome in _FINAL_STATES:
         return _FINAL_STATES[outcome]
     if ranks and all(r.ready_s is not None for r in ranks):
-        return "running"
-    return "starting"
+        return RunState.RUNNING
+    return RunState.STARTING
 
 
-def _rank_state(r, failed: dict, stopping: bool) -> tuple[str, str | None]:
+def _exit_text(r, failed: dict) -> str | None:
+    """The state file's ``exit`` of a rank: its failure's first line, else how its process ended."""
     if r.rank in failed:
-        return "failed", failed[r.rank]
-    if r.status is not None:
-        if r.status.ok:
-            return "done", r.status.describe()
-        return ("stopped" if stopping else "failed"), r.status.describe()
-    return ("running" if r.ready_s is not None else "starting"), None
+        return failed[r.rank]
+    return r.status.describe() if r.status is not None else None
 
 
 def root_cause_line(report) -> str | None:
@@ -142,7 +122,7 @@ class RunStateWriter:
         now = time.monotonic()
         key = None
         if report is not None:
-            key = (report.outcome, len(report.failures), *((r.ready_s is None, r.status is None) for r in report.ranks))
+            key = (report.outcome, len(report.failures), *((r.state, r.status is None) for r in report.ranks))
         if not final and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
             return False
         self.last_key, self.last_write = key, now
@@ -166,23 +146,23 @@ class RunStateWriter:
         state = {**self.base, "started": self.started, "updated": time.time(), "elapsed_s": now - self.t0}
         state["updated_monotonic"] = now  # the server adds the time since, on the same machine's clock
         if report is None:
-            state.update(state="starting", world_size=None, backend=None, start_method=None, ranks=[], root_cause=None)
+            state.update(
+                state=RunState.STARTING, world_size=None, backend=None, start_method=None, ranks=[], root_cause=None
+            )
         else:
             failed = {f.rank: (f.message.splitlines() or [""])[0][:300] for f in report.failures if f.rank is not None}
-            stopping = bool(report.failures)
             ranks = []
             for r in report.ranks:
                 pid = r.pid or None
                 if pid not in self.pid_starts:
                     self.pid_starts[pid] = proc_start_time(pid)  # a zombie keeps it until reaped
-                rank_state, exit_text = _rank_state(r, failed, stopping)
                 ranks.append(
                     {
                         "rank": r.rank,
                         "pid": pid,
                         "pid_start": self.pid_starts[pid],
-                        "state": rank_state,
-                        "exit": exit_text,
+                        "state": r.state,  # the recorder's
+                        "exit": _exit_text(r, failed),
                         "log": os.path.basename(r.log_path) if r.log_path else None,
                         "gpu": self.gpus.get(r.rank),
                     }
@@ -203,17 +183,14 @@ class RunStateWriter:
 
     def _finish(self, state: dict, report, error: BaseException | None) -> None:
         state["ended"] = time.time()
-        if state["state"] in ("starting", "running"):  # the engine raised before deciding an outcome
+        if state["state"] in (RunState.STARTING, RunState.RUNNING):  # the engine raised before deciding an outcome
             if isinstance(error, KeyboardInterrupt):
-                state["state"] = "interrupted"
+                state["state"] = RunState.INTERRUPTED
             else:
-                state["state"] = "failed"
+                state["state"] = RunState.FAILED
                 if error is not None and not state["root_cause"]:
                     text = (str(error).splitlines() or [""])[0][:300]
                     state["root_cause"] = f"{type(error).__name__}: {text}" if text else type(error).__name__
-        for rank in state["ranks"]:
-            if rank["state"] in ("starting", "running"):
-                rank["state"] = "stopped"
         if report is not None:
             state["report"] = {
                 "startup_s": report.startup_s,

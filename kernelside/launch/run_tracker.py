@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+from . import rank_stacks
 from .run_control import RunControl
 from .run_state import RunStateWriter
 
@@ -29,10 +30,11 @@ class RunTracker:
     def __init__(self, writer: RunStateWriter, control: RunControl | None):
         self.writer, self.control = writer, control
 
-    def attach(self, sel, on_stop) -> None:
-        """Serve Stop from ``sel``'s loop; ``on_stop()`` stops the run (True) or says it is already stopping."""
+    def attach(self, sel, on_stop, on_stacks=None) -> None:
+        """Serve Stop from ``sel``'s loop; ``on_stop()`` stops the run (True) or says it is already stopping;
+        ``on_stacks()`` names the ranks to ask for their stacks (``RunControl.register``)."""
         if self.control is not None:
-            self.control.register(sel, on_stop)
+            self.control.register(sel, on_stop, on_stacks)
 
     def tick(self, report) -> None:
         """Called on every turn of the kernel loop; writes only on change or every WRITE_EVERY_S."""
@@ -41,6 +43,7 @@ class RunTracker:
     def finish(self, report, error: BaseException | None) -> None:
         if self.control is not None:
             self.control.close()  # first: a Stop from now on finds no owner instead of no answer
+        rank_stacks.remove_files(self.writer.run_dir)
         self.writer.update(report, final=True, error=error)
 
 

@@ -31,6 +31,7 @@ import time
 
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
+from ..run_contract import RankState
 
 SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
@@ -73,7 +74,7 @@ class LiveRunEngine:
 
     def start(self, recorder) -> None:
         workers = self.session.world.group.workers
-        recorder.add_ranks((w.rank, w.pid) for w in workers if w.rank in self.ranks)
+        recorder.add_ranks(((w.rank, w.pid) for w in workers if w.rank in self.ranks), request=self.req_id)
         recorder.report.session = self.label
         self.recorder = recorder
         if self.blob is not None:
@@ -174,7 +175,7 @@ class LiveRunEngine:
                 pass
 
     def _back(self, rank: int) -> bool:
-        return self.recorder is not None and self.recorder.idle.get(rank, {}).get("cell") == self.req_id
+        return self.recorder is not None and self.recorder.rank_state(rank) is RankState.IDLE
 
     def _all_back(self, recorder) -> bool:
         """The loop's end condition; while stopping, it repeats the interrupt and, past ABORT_AFTER_S, aborts."""
@@ -240,7 +241,10 @@ class LiveRunEngine:
         # the loop ends a stopping run's wait after its grace; the rebuild is this engine's to time
         recorder.grace_s = REBUILD_S + (time.monotonic() - (recorder.stopping_since or time.monotonic()))
         self._loop(recorder, timeout=None, give_up_at=time.monotonic() + REBUILD_S, until=rebuilt)
-        if all(recorder.idle.get(r, {}).get("group") == gen for r in all_ranks):
+        if all(
+            recorder.idle.get(r, {}).get("group") == gen and not recorder.idle[r].get("rebuild_failed")
+            for r in all_ranks
+        ):
             self.rebuilt = gen
             self.rebuild_notes = sorted({n for r in all_ranks for n in recorder.idle[r].get("notes", ())})
 
@@ -248,8 +252,9 @@ class LiveRunEngine:
         lines = []
         for rank in sorted(self.where):
             w = self.where[rank]
-            if self.recorder is not None and any(f.rank == rank for f in self.recorder.report.failures):
-                continue  # a rank that failed: its own traceback says where it was
+            root = self.recorder.report.root_cause() if self.recorder is not None else None
+            if root is not None and root.rank == rank:
+                continue  # the root cause: its own traceback says where it was
             if w.get("line") is None and w.get("seq") is None:
                 lines.append(f"rank {rank} had not started the cell")
                 continue
@@ -263,9 +268,7 @@ class LiveRunEngine:
         dead = [w for w in workers if self.session.world.group.poll(w) is not None]
         if dead:
             return "; ".join(f"rank {w.rank} (pid {w.pid}) ended: {w.status.describe()}" for w in dead)
-        stuck = [
-            w.rank for w in workers if w.rank in self.ranks and recorder.idle.get(w.rank, {}).get("cell") != self.req_id
-        ]
+        stuck = [w.rank for w in workers if w.rank in self.ranks and recorder.rank_state(w.rank) is not RankState.IDLE]
         if stuck:
             names = ", ".join(map(str, stuck))
             return (

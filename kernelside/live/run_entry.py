@@ -31,9 +31,12 @@ import selectors
 import threading
 import time
 
+from ..launch import rank_stacks
+from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
 from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
 from ..launch.run_tracker import RunTracker
+from ..run_contract import FINAL_RUN_STATES, rank_log_name
 
 ENGINE = "local (live)"
 PANEL_STOPPED = (
@@ -109,13 +112,14 @@ class LiveRunEntry(RunTracker):
             self.thread.join(5)
         if self.channel is not None:
             self.channel.close()
+        rank_stacks.remove_files(self.session.log_dir)
         self._write(state, final=True, error=error)
 
     # -- the Stop channel's thread ---------------------------------------------------------
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         try:
-            self.channel.register(sel, self._on_stop)
+            self.channel.register(sel, self._on_stop, self._stack_targets)
             sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
             while not self.ended:
                 for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
@@ -128,6 +132,14 @@ class LiveRunEntry(RunTracker):
         finally:
             sel.close()
             _close(self._quit_r, self._quit_w)
+
+    def _stack_targets(self) -> list:
+        """The live ranks to ask for stacks, between cells too; none while the world is being replaced."""
+        world = self.session.world
+        group = getattr(world, "group", None) if world is not None and not self.ended else None
+        if group is None or getattr(group, "closed", False):
+            return []
+        return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
     def _on_stop(self) -> bool:
         """From the control socket: True if this Stop began stopping the session."""
@@ -194,22 +206,19 @@ class LiveRunEntry(RunTracker):
 
     def _ranks(self, state: str) -> list[dict]:
         world = self.session.world if self.session.world.engine is not None else None
-        busy = set(getattr(self.engine, "ranks", ())) if state == "running" else set()
         rec = getattr(self.engine, "recorder", None)
-        req_id = getattr(self.engine, "req_id", None)
+        in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []
         for wk in world.group.workers if world is not None else ():
             pid = wk.pid or None
             if pid not in self.writer.pid_starts:
                 self.writer.pid_starts[pid] = proc_start_time(pid)
-            if wk.status is not None or state in ("done", "stopped", "failed"):
-                rank_state = "dead"
-            elif state == "starting":
-                rank_state = "starting"
-            elif wk.rank in busy and not (rec is not None and rec.idle.get(wk.rank, {}).get("cell") == req_id):
-                rank_state = "busy"
-            else:
-                rank_state = "idle"
+            rank_state = live_rank_state(
+                process_ended=wk.status is not None,
+                session_over=state in FINAL_RUN_STATES,
+                starting=state == "starting",
+                in_request=in_request.get(wk.rank),
+            )
             rows.append(
                 {
                     "rank": wk.rank,
@@ -217,7 +226,7 @@ class LiveRunEntry(RunTracker):
                     "pid_start": self.writer.pid_starts[pid],
                     "state": rank_state,
                     "exit": wk.status.describe() if wk.status is not None else None,
-                    "log": f"rank{wk.rank}.log",
+                    "log": rank_log_name(wk.rank),
                     "gpu": None,
                 }
             )

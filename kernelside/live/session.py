@@ -37,7 +37,7 @@ from ..errors import LaunchConfigError, LaunchError, WorkerError
 from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
-from . import post_mortem, registry
+from . import registry
 from .cell_engine import LiveRunEngine
 from .names import NameSender, dumps, names_assigned, needed_names
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
@@ -65,14 +65,10 @@ def _one_at_a_time(method):
     return wrapper
 
 
-def _shell():
-    ip_mod = sys.modules.get("IPython")
-    return ip_mod.get_ipython() if ip_mod is not None else None
-
-
 def kernel_namespace() -> dict:
     """The notebook's namespace: IPython's user namespace, else ``__main__``'s."""
-    shell = _shell()
+    ip_mod = sys.modules.get("IPython")
+    shell = ip_mod.get_ipython() if ip_mod is not None else None
     return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
 
 
@@ -100,7 +96,6 @@ class LiveSession:
         self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
         self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=kernel_namespace)
         self.names = NameSender()
-        self.last_failure: tuple | None = None  # (the WorkerError, its request id): what %debug opens
         self.started_at = time.monotonic()
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
@@ -130,7 +125,6 @@ class LiveSession:
             session._close("failed", e)
             raise
         registry.set_current(session)
-        post_mortem.install(_shell())
         return session
 
     @_one_at_a_time
@@ -285,7 +279,7 @@ class LiveSession:
             return self._run(engine, LaunchRequest(fn=fn, return_all=True, on_event=engine.on_event), plan)
         except WorkerError as e:
             if e.rank is not None and engine.restart_reason is None:  # its rank still holds the failed frames
-                self.last_failure = (e, req_id)
+                e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
             raise
         finally:
             if engine.blob is None and engine.restart_reason is None:  # the ranks have the values now
@@ -326,20 +320,16 @@ class LiveSession:
                 self.world.cells_run[r] += 1
         return outcome
 
-    def owns_failure(self, error) -> bool:
-        """True if ``error`` is this session's last cell failure, whose rank can still open its frames."""
-        return self.last_failure is not None and self.last_failure[0] is error
-
     @_one_at_a_time
-    def post_mortem(self) -> None:
-        """``%debug``: pdb in the root-cause rank's frame of the last failed cell, answered in the cell."""
-        error, of = self.last_failure
+    def post_mortem(self, rank: int, of: int) -> None:
+        """``%debug`` after cell ``of`` failed: pdb in ``rank``'s frame of it, answered in the cell; ``q`` returns."""
         self._ensure_world()
         req_id = next(self.ids)
         blob = pickle.dumps({"kind": "debug", "id": req_id, "of": of}, protocol=5)
         plan = dataclasses.replace(self.plan, output="all", timeout=None)
-        label = f"live session, %debug of cell {of}"
-        engine = LiveRunEngine(self, req_id, (error.rank,), blob=blob, timeout=None, label=label)
+        engine = LiveRunEngine(
+            self, req_id, (rank,), blob=blob, timeout=None, label=f"live session, %debug of cell {of}"
+        )
         with keeping_last_report():  # %distributed_last stays the failed cell's report
             self._run(engine, LaunchRequest(fn=None, on_event=engine.on_event), plan)
 

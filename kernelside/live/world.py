@@ -24,7 +24,9 @@ import cloudpickle
 
 from ..channel import EventReader, frame, write_frame
 from ..engines.local import LocalEngine
+from ..launch.recorder import live_rank_state
 from ..launch.request import LaunchRequest
+from ..run_contract import RankState
 
 STATES = ("starting", "idle", "busy", "broken", "closed")
 
@@ -129,8 +131,11 @@ class World:
                 missed.append(w.rank)
         return missed
 
-    def rank_state(self, w) -> str:
-        """One rank as ``%distributed_status`` shows it: ended, busy, idle or starting."""
-        if w.status:
-            return "ended"
-        return {"busy": "busy", "idle": "idle"}.get(self.state, "starting")
+    def rank_state(self, w) -> RankState:
+        """One rank as ``%distributed_status`` shows it (the one rank-state enum of ``run_contract``)."""
+        return live_rank_state(
+            process_ended=bool(w.status),
+            session_over=False,
+            starting=self.state == "starting",
+            in_request=RankState.BUSY if self.state == "busy" else None,
+        )

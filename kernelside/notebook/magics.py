@@ -267,7 +267,9 @@ def _cpu_count() -> int:
 
 
 def register(ipython) -> None:
+    from .debug_magic import install as install_debug
     from .live_magics import register as register_live
 
     ipython.register_magics(DistributedMagics)
     register_live(ipython)
+    install_debug(ipython)

@@ -22,7 +22,7 @@ import signal
 import sys
 
 from ..channel import EventWriter
-from .lifecycle import RankSpec, destroy_process_group_after, error_payload, run_rank
+from .lifecycle import RankSpec, error_payload, run_rank
 from .results import remember_kernel_main_objects
 from .streams import enable_faulthandler, flush_all, forget_kernel_shell, fresh_std_streams, libc
 
@@ -68,7 +68,8 @@ def _run_and_exit(p: Payload) -> None:
         end = serve_requests(p.spec, EventWriter(p.events_fd), p.requests_fd, namespace, p.replies_fd)
     else:
         end = run_rank(p.spec, p.work, EventWriter(p.events_fd), p.replies_fd)
-    destroy_process_group_after(end, p.spec)
+    # Results are sent; flushed output is all that is left. No destructor runs (os._exit): gloo's
+    # process-group destructor can deadlock on the GIL, and the group is nblaunch's (group_owner.py).
     flush_all()
     os._exit(end.code)
 

@@ -3,7 +3,8 @@ launcher, Ray Train).
 
 ``run_rank()`` does, in order: apply the environment contract, set the worker context, the
 thread count, initialize the default process group (unless the engine provides one), make
-``init_process_group()`` in user code a no-op, install the event-sending progress bars, send
+``init_process_group()`` and ``destroy_process_group()`` of the default group in user code
+no-ops (``group_owner``), install the event-sending progress bars, send
 ``ready``, run the function, send ``done`` and the result (tensors on CPU), or the error
 (type, message, traceback without nblaunch's frames). It returns how the rank ended; the
 caller (the engine's worker entry) decides how the process leaves.
@@ -26,13 +27,16 @@ import traceback
 
 from . import (
     context,
+    group_owner,
     metric_capture,
     progress,
+    rank_debugger,
     rank_departure,
     rank_display,
     rank_identity,
     rank_stdin,
     sharded_results,
+    stack_signal,
 )
 from .context import stamp
 from .results import dumps_result, unwrap_for_return
@@ -55,6 +59,10 @@ class RankSpec:
     progress_scope: str = "rank0"
     metrics: str = "on"  # "on": the frameworks' loggers feed log_metrics() (metric_capture.py)
     init_process_group: bool = True  # False where the engine (Ray Train) sets the process group up
+    # the engine ends the process with os._exit (local): user code's destroy_process_group() of the
+    # default group is then a no-op, as nothing at the rank's end runs the group's destructor (group_owner.py)
+    leaves_with_exit: bool = False
+    stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_signal.py); "" for none
 
 
 @dataclasses.dataclass
@@ -109,30 +117,6 @@ def _init_process_group(spec: RankSpec) -> None:
         dist.barrier()
 
 
-def _patch_init_process_group(namespaces) -> None:
-    """Existing DDP code calls init_process_group() itself: make that a no-op once ours is up."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    original = c10d.init_process_group
-    if getattr(original, "_nblaunch", False):
-        return
-
-    def init_process_group(*args, **kwargs):
-        if dist.is_initialized():
-            return None
-        return original(*args, **kwargs)
-
-    init_process_group._nblaunch = True
-    init_process_group.__doc__ = original.__doc__
-    init_process_group.__wrapped__ = original
-    dist.init_process_group = c10d.init_process_group = init_process_group
-    for ns in namespaces:
-        for k, v in list(ns.items()):
-            if v is original:
-                ns[k] = init_process_group
-
-
 def run_rank(spec: RankSpec, work, events, replies_fd: int = -1) -> RankEnd:
     """Run ``work`` = (fn, args, kwargs) as rank ``spec.rank``; every outcome is also sent as an event.
 
@@ -156,6 +140,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
 
     phase = "startup"
     try:
+        stack_signal.install(spec.stacks_file)  # first: a rank stuck in its start-up can be asked where it is
         os.environ.update(spec.env)
         if threading.current_thread() is threading.main_thread():  # (Ray Train runs ranks in a thread)
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -180,7 +165,9 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
             phase = "init_process_group"
             _init_process_group(spec)
         main = sys.modules.get("__main__")
-        _patch_init_process_group(list(namespaces) + ([vars(main)] if main is not None else []))
+        own_destroy = spec.leaves_with_exit and spec.init_process_group
+        group_owner.take_over(list(namespaces) + ([vars(main)] if main is not None else []), own_destroy)
+        rank_debugger.install_distributed_breakpoint()  # torch's reads /dev/stdin: any rank, from the cell
         progress.install_in_worker()
         metric_capture.install_in_worker(spec.metrics == "on")
         return None
@@ -226,17 +213,3 @@ def _report(events, e: BaseException, phase: str) -> None:
         events.send("error", error_payload(e, phase))
     except Exception:
         traceback.print_exc()
-
-
-def destroy_process_group_after(end: RankEnd, spec: RankSpec) -> None:
-    """A rank that ended well and set its own process group up takes it down (never after a failure:
-    that could block on a peer that is being stopped)."""
-    if end.code != 0 or not spec.init_process_group:
-        return
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    except Exception:
-        pass

@@ -2,25 +2,21 @@
 
 A live rank keeps the traceback of its last failed request (``keep``), as IPython keeps
 ``sys.last_traceback``. When the kernel asks (a ``debug`` request, ``live.post_mortem``), the rank
-opens pdb on it, starting at the frame that raised, with only the user's frames on the stack (no
-nblaunch frames: ``up`` stops at the cell). pdb's prompts reach the notebook the way rank 0's
-``input()`` does (an ``input_request`` event the kernel relays to the frontend's stdin,
-``worker.rank_stdin``), labelled with the rank: ``(rank 1) (Pdb)``. ``q`` ends the post-mortem; the
-rank is idle again with its namespace as it was.
+opens the rank's debugger on it (``worker.rank_debugger``: its prompts, labelled ``(rank 1) (Pdb)``,
+and its output reach the cell through the kernel's stdin, ``worker.rank_stdin``), starting at the
+frame that raised, with only the user's frames on the stack (no nblaunch frames: ``up`` stops at
+the cell). ``q`` ends the post-mortem; the rank is idle again with its namespace as it was.
 
 Example (in a rank, serving the kernel's ``debug`` request)::
 
     >>> keep(3, exc)                                   # doctest: +SKIP  (request 3 failed)
-    >>> post_mortem(3, events, replies_fd, rank=1)     # doctest: +SKIP  (answered in the cell)
+    >>> post_mortem(3, rank=1)                          # doctest: +SKIP  (answered in the cell)
 """
 
 from __future__ import annotations
 
-import builtins
 import os
 import pdb
-
-from .rank_stdin import _Asker
 
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/
 # One rank serves one session: its last failure is what %debug opens (IPython keeps sys.last_traceback too).
@@ -39,17 +35,13 @@ def user_traceback(tb):
     return tb
 
 
-def post_mortem(req_id: int, events, replies_fd: int, rank: int) -> None:
+def post_mortem(req_id: int, rank: int) -> None:
     """pdb on request ``req_id``'s failure, answered in the notebook; returns when the user quits or continues."""
     tb = user_traceback(_last["tb"]) if _last["req"] == req_id else None
     if tb is None:
         print(f"nblaunch: rank {rank} has no traceback of that cell to debug (a later cell replaced it).", flush=True)
         return
-    asker = _Asker(events, replies_fd)
-    debugger = pdb.Pdb()
-    debugger.prompt = f"(rank {rank}) (Pdb) "
-    kept = builtins.input
-    builtins.input = lambda prompt="": asker.ask(str(prompt), False)  # pdb reads its commands through input()
+    debugger = pdb.Pdb()  # this rank's (rank_debugger.install): prompts and output go to the cell
     try:
         debugger.reset()
         debugger.interaction(None, tb)
@@ -61,5 +53,3 @@ def post_mortem(req_id: int, events, replies_fd: int, rank: int) -> None:
             "this one cannot (stdin is not allowed here). Every rank keeps its state.",
             flush=True,
         )
-    finally:
-        builtins.input = kept

@@ -137,7 +137,7 @@ class RequestReader:
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
-    _state["namespace"], _state["replies"] = namespace, replies_fd
+    _state["namespace"] = namespace
     failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
         return failed
@@ -160,11 +160,12 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
         try:
             _state["req"] = _state["last"] = req["id"]
             if req["kind"] == "rebuild":
+                extra = {"group": req["gen"], "rebuild_failed": True}  # (until it succeeds: the kernel stops waiting)
                 extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
                 _state["aborted"] = False
                 _aborted.clear()
             elif req["kind"] == "debug":
-                live_debug.post_mortem(req["of"], events, _state["replies"], spec.rank)
+                live_debug.post_mortem(req["of"], spec.rank)
             else:
                 _serve(spec, events, req, namespace)
         except KeyboardInterrupt:

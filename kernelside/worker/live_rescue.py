@@ -149,8 +149,11 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
         if pg is not old:
             others.append(pg)
     held = _holders(namespace, others)
-    init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)  # ours is a no-op once up
-    dist.destroy_process_group()
+    # nblaunch's own init/destroy of the default group are no-ops for user code (worker.group_owner): torch's here.
+    # (The old group's sockets are shut down already, so its destructor has nothing to wait for.)
+    init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)
+    destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
+    destroy()
     init(backend=backend, store=dist.PrefixStore(f"nblaunch-rebuild-{gen}", store), rank=rank, world_size=size)
     notes = _repoint(old, c10d._get_default_group())
     if held:

@@ -1,22 +1,24 @@
-"""Rank 0's ``input()``, ``getpass()``, ``sys.stdin`` and ``pdb`` prompts, answered in the notebook.
+"""A rank's ``input()``, ``getpass()``, ``sys.stdin`` and debugger prompts, answered in the notebook.
 
 A forked rank inherits the kernel's ``input`` (which talks to the frontend over the kernel's own
 socket, so the prompt never shows and the rank hangs) and the kernel's ``breakpoint()`` hook
-(debugpy's). In rank 0 they are replaced: a prompt becomes an ``input_request`` event; the kernel
+(debugpy's). In a rank they are replaced: a prompt becomes an ``input_request`` event; the kernel
 asks the frontend through its stdin channel, as ``input()`` in a notebook cell does
 (``stdin_relay.py``), and writes the answer back on the rank's replies pipe. pdb reads its
-commands through ``input()``, so ``pdb.set_trace()`` and ``breakpoint()`` work there as they do in a
-cell: ``n``, ``s``, ``p x``, ``c``; ``q`` stops the launch. Where the frontend cannot answer
-(nbclient, papermill: ``allow_stdin`` is false) the rank raises ``StdinNotImplementedError``, as
-the kernel would.
+commands through ``input()``, so ``pdb.set_trace()`` and ``breakpoint()`` work on every rank as they
+do in a cell (``rank_debugger.py``: the prompt names the rank): ``n``, ``s``, ``p x``, ``c``; ``q``
+stops the launch. Where the frontend cannot answer (nbclient, papermill: ``allow_stdin`` is false)
+the rank raises ``StdinNotImplementedError``, as the kernel would.
 
-Other ranks cannot read from the notebook (one prompt box per cell, and N ranks asking at once
-would be answered in an order nobody chose): their ``input()`` and ``breakpoint()`` raise
-``RankInputError`` naming the rank.
+Only rank 0 reads plain ``input()`` from the notebook (one answer box per cell, and N ranks asking for
+data at once would be answered in an order nobody chose): other ranks' ``input()`` and ``getpass()``
+raise ``RankInputError`` naming the rank; their debugger prompts are served one at a time.
 
 Example (in a ``%%distributed`` cell)::
 
     name = input("name? ") if rank == 0 else None      # the prompt appears under the cell
+    if rank == 1:
+        breakpoint()                                    # "(rank 1) (Pdb)" under the cell
 """
 
 from __future__ import annotations
@@ -30,13 +32,13 @@ import sys
 import threading
 
 from ..channel import EventReader
-from . import rank_streams
+from . import rank_debugger, rank_streams
 
 STDIN_RANK = 0  # the rank whose prompts the notebook answers
 
 
 class RankInputError(RuntimeError):
-    """A rank other than rank 0 tried to read from the notebook (``input()``, ``breakpoint()``, pdb)."""
+    """A rank other than rank 0 tried to read ``input()`` from the notebook, or a rank without a channel to it."""
 
 
 class _Asker:
@@ -48,11 +50,15 @@ class _Asker:
         self.ids = itertools.count(1)
         self.lock = threading.Lock()  # one prompt at a time, as on a terminal
 
-    def ask(self, prompt: str, password: bool) -> str:
+    def ask(self, prompt: str, password: bool, text: str = "") -> str:
+        """``text``: what to show in the cell before the prompt (a debugger's output on a rank other than 0)."""
         with self.lock:
             rid = next(self.ids)
             pos = rank_streams.positions()  # the prompt comes after everything printed so far
-            self.events.send("input_request", {"id": rid, "prompt": prompt, "password": password, "pos": pos})
+            request = {"id": rid, "prompt": prompt, "password": password, "pos": pos}
+            if text:
+                request["text"] = text
+            self.events.send("input_request", request)
             reply = self._wait(rid)
         if "error" in reply:
             raise _rebuild(reply["error"])
@@ -114,19 +120,36 @@ class NotebookStdin(io.TextIOBase):
 
 
 def install(events, replies_fd: int, rank: int) -> None:
-    """Answer this rank's prompts in the notebook (rank 0), or refuse them clearly (other ranks).
+    """Answer this rank's prompts in the notebook (rank 0; every rank's debugger), or refuse them clearly.
 
     Example::
 
         >>> install(current().events, payload.replies_fd, rank=0)   # doctest: +SKIP
     """
-    _use_stdlib_pdb()
-    if rank != STDIN_RANK or replies_fd < 0:
+    if replies_fd < 0:  # an engine without a channel to the notebook
+        rank_debugger.install(rank, None)
         builtins.input = _refusing_input(rank)
         getpass.getpass = _refusing_getpass(rank)
         sys.breakpointhook = _refusing_breakpoint(rank)
         return
     asker = _Asker(events, replies_fd)
+    # The kernel's hook is debugpy's, which would wait for a debugger client: plain pdb instead,
+    # which reads its commands through input() below (PYTHONBREAKPOINT is honoured).
+    sys.breakpointhook = sys.__breakpointhook__
+    if rank != STDIN_RANK:
+        text = rank_debugger.DebuggerText()
+        rank_debugger.install(rank, text)
+        refuse = _refusing_input(rank)
+
+        def debugger_only_input(prompt=""):
+            if _is_debugger_prompt(str(prompt)):
+                return asker.ask(str(prompt), False, text.take())
+            return refuse(prompt)
+
+        builtins.input = debugger_only_input
+        getpass.getpass = _refusing_getpass(rank)
+        return
+    rank_debugger.install(rank, None)
 
     def notebook_input(prompt=""):
         return asker.ask(str(prompt), False)
@@ -137,35 +160,10 @@ def install(events, replies_fd: int, rank: int) -> None:
     builtins.input = notebook_input
     getpass.getpass = notebook_getpass
     sys.stdin = NotebookStdin(asker)
-    # The kernel's hook is debugpy's, which would wait for a debugger client: plain pdb instead,
-    # which reads its commands through input() above (PYTHONBREAKPOINT is honoured).
-    sys.breakpointhook = sys.__breakpointhook__
 
 
-def _use_stdlib_pdb() -> None:
-    """ipykernel makes ``pdb.Pdb`` / ``pdb.set_trace`` IPython's debugger, which starts a terminal IPython
-    shell where none runs: a rank would then look interactive again. A rank gets the standard pdb."""
-    pdb = sys.modules.get("pdb")
-    if pdb is None:
-        return  # not imported yet: it will be the standard one
-    stdlib = next((c for c in pdb.Pdb.__mro__ if c.__module__ == "pdb" and c.__name__ == "Pdb"), None)
-    if stdlib is None or stdlib is pdb.Pdb:
-        return
-    pdb.Pdb = stdlib
-    pdb.set_trace = _stdlib_set_trace
-    debugger = sys.modules.get("IPython.core.debugger")
-    if debugger is not None:  # `from IPython.core.debugger import set_trace` users
-        debugger.set_trace = _stdlib_set_trace
-
-
-def _stdlib_set_trace(frame=None, *, header=None):
-    """The standard library's ``pdb.set_trace()``."""
-    import pdb
-
-    debugger = pdb.Pdb()
-    if header is not None:
-        debugger.message(header)
-    debugger.set_trace(frame or sys._getframe().f_back)
+def _is_debugger_prompt(prompt: str) -> bool:
+    return prompt.startswith("(Pdb)") or (prompt.startswith("(rank ") and ") (Pdb)" in prompt)
 
 
 def _refusal(rank: int, what: str) -> RankInputError:
@@ -179,11 +177,10 @@ def _refusal(rank: int, what: str) -> RankInputError:
 
 def _refusing_input(rank: int):
     def input(prompt=""):
-        if str(prompt).startswith("(Pdb)"):
+        if _is_debugger_prompt(str(prompt)):
             raise RankInputError(
-                f"only rank 0 can read from the notebook: pdb was started on rank {rank} and cannot get commands "
-                "there. Debug on rank 0 (pdb.set_trace() under `if rank == 0:`), or print what you need on "
-                f"rank {rank} (its output is in its log file)."
+                f"pdb was started on rank {rank}, but this launch has no channel to the notebook's input "
+                f"(its engine relays none): print what you need on rank {rank} (its output is in its log file)."
             )
         raise _refusal(rank, f"input({str(prompt)!r})")
 
@@ -202,8 +199,9 @@ def _refusing_breakpoint(rank: int):
         if os.environ.get("PYTHONBREAKPOINT") == "0":
             return None  # breakpoints switched off, as Python's own hook would
         raise RankInputError(
-            f"breakpoint() on rank {rank}: only rank 0's debugger can be driven from the notebook. Put the "
-            f"breakpoint under `if rank == 0:`, or print what you need on rank {rank} (its output is in its log file)."
+            f"breakpoint() on rank {rank}: this launch has no channel to the notebook's input (its engine "
+            f"relays none), so no debugger can be driven from the cell; print what you need on rank {rank} "
+            "(its output is in its log file)."
         )
 
     return breakpointhook

@@ -1,0 +1,20 @@
+"""How nblaunch's own errors look in a notebook: the message, without the stack of nblaunch's plumbing.
+
+Example::
+
+    >>> class MyError(ShortTraceback, RuntimeError): ...
+    >>> MyError("rank 1 failed\nits traceback")._render_traceback_()[1]
+    'its traceback'
+"""
+
+from __future__ import annotations
+
+
+class ShortTraceback:
+    """IPython shows ``_render_traceback_()`` instead of the stack: for these errors the stack
+    is nblaunch's own plumbing, and the message already says what, where and what to do."""
+
+    def _render_traceback_(self) -> list[str]:
+        red, reset = "\x1b[31m", "\x1b[0m"
+        lines = str(self).splitlines() or [""]
+        return [f"{red}{type(self).__name__}{reset}: {lines[0]}", *lines[1:]]
