@@ -297,7 +297,7 @@ def takes_model(model, lr):
         ({"num_processes": 2, "mixed_precision": "fp9"}, "invalid mixed_precision='fp9'"),
         ({"num_processes": 2, "gpu_ids": "0"}, "GPU 0 is not present"),
         ({"num_processes": 2, "backend": "nccl"}, "backend='nccl' needs one GPU per rank"),
-        ({"num_processes": 2, "start_method": "forkserver"}, "invalid start_method='forkserver'"),
+        ({"num_processes": 2, "start_method": "threads"}, "invalid start_method='threads'"),
         ({"num_processes": 2, "output": "some"}, "invalid output='some'"),
     ],
 )

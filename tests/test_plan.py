@@ -82,11 +82,20 @@ def test_missing_gpu_id_names_what_exists():
         plan(gpus=2, gpu_ids="0,5")
 
 
-def test_cuda_initialized_in_kernel_switches_to_spawn_and_says_where():
+def test_cuda_initialized_in_kernel_switches_to_the_forkserver_and_says_where():
     p = plan(gpus=2, cuda_initialized=True, site="cell In[4], line 2: x = torch.ones(1).cuda()")
-    assert p.start_method == "spawn"
-    assert "CUDA was initialized in this kernel at cell In[4], line 2" in p.start_reason
-    assert "restart the kernel" in p.start_reason
+    assert p.start_method == "forkserver"
+    assert "using the forkserver, not fork, because CUDA was initialized in this kernel at cell In[4], line 2" in (
+        p.start_reason
+    )
+    assert p.notices[0] == p.start_reason  # the one-line notice of the launch
+
+
+def test_forkserver_and_spawn_asked_for_are_kept_and_forkserver_across_machines_becomes_spawn():
+    assert plan(start_method="forkserver").start_method == "forkserver"
+    assert plan(gpus=1, cuda_initialized=True, start_method="spawn").start_method == "spawn"
+    across = plan(start_method="forkserver", num_machines=2, num_processes=4, main_process_ip="10.0.0.1")
+    assert across.start_method == "spawn"  # torch's elastic launcher starts those ranks
 
 
 def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
@@ -173,10 +182,10 @@ def test_more_ranks_than_gpus_says_once_why_gloo_and_not_nccl():
         assert not q.backend_reason.startswith("nblaunch:"), q.backend_reason
 
 
-def test_cuda_driver_initialized_below_torch_is_named_as_such_in_spawn_and_fork_messages():
+def test_cuda_driver_initialized_below_torch_is_named_as_such_in_forkserver_and_fork_messages():
     site = f"{cuda_guard.BELOW_TORCH}: the CUDA driver (/usr/lib/libcuda.so.1) was initialized outside torch.cuda"
     p = plan(gpus=1, cuda_initialized=True, site=site)
-    assert p.start_method == "spawn"
+    assert p.start_method == "forkserver"
     assert "CUDA was initialized in this kernel by a library below torch: the CUDA driver" in p.start_reason
     with pytest.raises(LaunchConfigError, match="already initialized in this kernel by a library below torch"):
         plan(gpus=1, cuda_initialized=True, site=site, start_method="fork")

@@ -22,6 +22,7 @@ from ..launch import warmup
 from ..worker.entry import Payload
 from ..worker.lifecycle import RankSpec
 from ..worker.stack_signal import stacks_path
+from . import forkserver
 from .local_group import WorkerGroup
 from .local_loop import TERMINATE_GRACE_S, EventLoop
 
@@ -92,6 +93,8 @@ class LocalEngine:
         self.group = self.store = self.sock = None
         self.t_call = time.monotonic()
         self.port = None
+        self.start_method = plan.start_method  # forkserver falls back to spawn when no template can start
+        self.template = None
 
     def specs(self) -> list[RankSpec]:
         plan, req = self.plan, self.req
@@ -118,6 +121,9 @@ class LocalEngine:
         """Before the report exists: the imports forked ranks inherit, and the rendezvous port."""
         if self.plan.start_method == "fork":
             warmup.ensure()
+        elif self.plan.start_method == "forkserver":
+            self.template = forkserver.template_for_launch(self.out)
+            self.start_method = "forkserver" if self.template is not None else "spawn"
         self.sock = _listen_socket(self.plan.requested_port, self.out)
         self.port = self.sock.getsockname()[1]
 
@@ -132,10 +138,11 @@ class LocalEngine:
         payloads = [Payload(work=work, spec=s, parent_pid=os.getpid()) for s in self.specs()]
         self.group = WorkerGroup.start(
             payloads,
-            self.plan.start_method,
+            self.start_method,
             spawn_blob=self.blob_box.pop(),
             keep_fds=(self.sock.fileno(),),
             live=live,
+            template=self.template,
         )
         self.store = _start_store(self.sock, self.port, self.plan.num_processes)
         self.sock = None

@@ -22,12 +22,14 @@ import time
 import cloudpickle
 
 from ..config import resolve_config
+from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
+from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
-from ..errors import LaunchConfigError, LaunchError
+from ..errors import CellInterrupted, LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
-from . import cuda_guard, hardware
+from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
 from .plan import make_plan
 from .recorder import RunRecorder
@@ -113,7 +115,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         req.fn = req.bind(plan)
     for notice in plan.notices:
         out.write(notice + "\n")
-    blob = _check_picklable(req) if plan.start_method == "spawn" else None
+    blob = _check_picklable(req) if plan.start_method in ("spawn", "forkserver") else None
     if not _launch_lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
@@ -138,7 +140,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,
-        start_method=plan.start_method,
+        start_method=getattr(engine, "start_method", plan.start_method),  # (forkserver may fall back to spawn)
         port=engine.port or 0,
         log_dir=log_dir,
         started_at=time.time(),
@@ -147,9 +149,14 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     )
     _state["last_report"] = report
     router = None
+    # a live cell draws its display only once there is something to show (display/deferred_display.py)
+    make = deferred_run_display if getattr(engine, "defer_display", False) else make_run_display
+    display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.routes_output else None
     if engine.routes_output:
-        router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
-    display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+        router = RankOutputRouter(
+            plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
+        )
     recorder = RunRecorder(
         report,
         clock=engine.clock,
@@ -162,17 +169,20 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         t_call=engine.t_call,
         gpu=sampler_for(plan.gpu_ids),
         tracker=tracker,
+        where=lambda: _where_ranks_were(report, engine),
     )
     interrupted = None
     try:
         engine.start(recorder)
         if display is not None:
             display.show()
+        if tabs is not None:
+            tabs.show()
         engine.wait(recorder)
     except KeyboardInterrupt as e:
-        interrupted = e
+        # The stack of this loop is nblaunch's plumbing: the notebook shows one line saying what became of the ranks.
+        interrupted = e if isinstance(e, CellInterrupted) else CellInterrupted(_interrupted_message(report, engine))
         recorder.interrupted()
-        raise
     finally:
         # (stopped from the panel: the engine's loop has given the ranks their grace already)
         grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
@@ -180,5 +190,32 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         recorder.close()
         if interrupted is not None:
             recorder.finish_interrupted(interrupted)
+    if interrupted is not None:
+        raise interrupted from None
     value, values = recorder.outcome(req.return_all)
     return LaunchOutcome(value, values, report)
+
+
+def _interrupted_message(report: LaunchReport, engine) -> str:
+    """■ during a one-shot run: where each unfinished rank was, that they were stopped and nothing is left running
+    (said before they are stopped, raised once they are gone)."""
+    where = _where_ranks_were(report, engine)
+    return (
+        f"the run was interrupted (■): its {report.world_size} ranks were stopped and nothing is left running."
+        + (f"\nWhere the unfinished ranks were:\n{where}" if where else "")
+        + f"\nLogs of every rank: {report.log_dir}"
+    )
+
+
+def _where_ranks_were(report: LaunchReport, engine) -> str:
+    """Each unfinished rank's line and collective, from its stack (``rank_stacks``), asked before it is stopped;
+    '' on engines whose ranks are not this kernel's children (Ray, torch's elastic launcher)."""
+    group = getattr(engine, "group", None)
+    if group is None:
+        return ""
+    finished = {r.rank for r in report.ranks if r.state.is_final}
+    targets = [(w.rank, w.pid, None) for w in group.workers if w.status is None and w.rank not in finished]
+    if not targets:
+        return ""
+    answer = rank_stacks.StackRequest.send(report.log_dir, targets).collect(label=rank_stacks.kernel_label)
+    return "\n".join("  " + line for line in rank_stacks.describe(answer).splitlines())

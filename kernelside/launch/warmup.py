@@ -23,13 +23,9 @@ _lock = threading.Lock()
 
 
 def _import() -> None:
-    import torch.distributed  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+    from ..worker.warm_imports import import_rank_modules
 
-    try:
-        import torch._dynamo  # noqa: F401  (imported by the first DDP construction)
-    except Exception:
-        pass
+    import_rank_modules()
 
 
 def _run() -> None:

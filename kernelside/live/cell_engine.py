@@ -49,6 +49,7 @@ class LiveRunEngine:
     routes_output = True
     peer_hint = None
     stop_grace_s = 0.0
+    defer_display = True  # a quick cell opens no widget (launch.engine.run_engine)
 
     def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
         self.session, self.req_id, self.ranks = session, req_id, tuple(ranks)

@@ -99,6 +99,7 @@ class LiveSession:
         self.started_at = time.monotonic()
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
+        self.start_display = None  # the start cell's RunDisplay (widgets only), told when the session ends
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
@@ -119,8 +120,11 @@ class LiveSession:
                 session.out.write(notice + "\n")
             with session.life:
                 session._new_names(session.world.start())
-                session._execute(session._start_engine(), LaunchRequest(fn=None), session.plan)
+                engine = session._start_engine()
+                session._execute(engine, LaunchRequest(fn=None), session.plan)
                 session.world.state = "idle"
+            # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
+            session.start_display = engine.recorder.display if engine.recorder is not None else None
         except BaseException as e:
             session._close("failed", e)
             raise
@@ -155,6 +159,12 @@ class LiveSession:
         self.logs.close()
         if forget and registry.current() is self:
             registry.set_current(None)
+        display, self.start_display = self.start_display, None
+        # (only from the kernel's main thread: a widget message sent from the panel's Stop thread would open
+        # sockets of that thread in the kernel, which outlive it)
+        if display is not None and threading.current_thread() is threading.main_thread():
+            how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
+            display.session_ended(f"session stopped {how}".rstrip() + "; nothing is left running")
 
     def restart_world(self) -> None:
         """Called when the world cannot go on: the old ranks are gone at once, new ones start."""
