@@ -162,7 +162,8 @@ class LiveSession:
         display, self.start_display = self.start_display, None
         # (only from the kernel's main thread: a widget message sent from the panel's Stop thread would open
         # sockets of that thread in the kernel, which outlive it)
-        if display is not None and threading.current_thread() is threading.main_thread():
+        # (a deferred display that never drew has no status line to tell: display/deferred_display.py)
+        if hasattr(display, "session_ended") and threading.current_thread() is threading.main_thread():
             how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
             display.session_ended(f"session stopped {how}".rstrip() + "; nothing is left running")
 
