@@ -162,8 +162,7 @@ class LiveSession:
         display, self.start_display = self.start_display, None
         # (only from the kernel's main thread: a widget message sent from the panel's Stop thread would open
         # sockets of that thread in the kernel, which outlive it)
-        # (a deferred display that never drew has no status line to tell: display/deferred_display.py)
-        if hasattr(display, "session_ended") and threading.current_thread() is threading.main_thread():
+        if display is not None and threading.current_thread() is threading.main_thread():
             how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
             display.session_ended(f"session stopped {how}".rstrip() + "; nothing is left running")
 
@@ -179,7 +178,9 @@ class LiveSession:
             self.names.seed(namespace)
 
     def _start_engine(self) -> LiveRunEngine:
-        return LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+        engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+        engine.defer_display = False  # the start cell shows the session's status line until the session ends
+        return engine
 
     def _bring_up(self, what: str, cause: BaseException | None = None) -> None:
         """Wait for a restarted world's ranks to be ready. If they fail, the session is stopped (a world that
