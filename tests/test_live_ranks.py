@@ -95,6 +95,30 @@ def test_rank_error_while_peer_waits_in_barrier_returns_within_5s_and_every_rank
     assert kernel.run("print(k)").ok().stdout.strip() == "['old state 0', 'old state 1']"
 
 
+def _kernel_connections(k: Kernel) -> list:
+    """The kernel's own established Jupyter connections (its port, the client's port), as the kernel sees them."""
+    ports = sorted(v for n, v in k.km.get_connection_info().items() if n.endswith("_port"))
+    code = (
+        "import psutil\n_c = psutil.Process().net_connections('tcp')\n"
+        f"print(sorted((c.laddr.port, c.raddr.port) for c in _c\n"
+        f"             if c.status == 'ESTABLISHED' and c.laddr.port in {ports}))"
+    )
+    return k.run(code).ok().stdout.strip()
+
+
+def test_a_rank_abort_leaves_the_kernels_jupyter_connections_alone(kernel):
+    # forked ranks hold the kernel's own sockets; an abort must shut down only the ranks' process-group ones, or
+    # Jupyter's connections are cut and the cell's reply is lost (the cell never ends)
+    before = _kernel_connections(kernel)
+    cell = kernel.run(
+        "%%distributed\nimport torch.distributed as dist\nif rank == 1:\n"
+        "    time.sleep(1); raise ValueError('rank 1 broke')\ndist.barrier()",
+        timeout=30,
+    )
+    assert "the process group was rebuilt in the same processes" in _error_text(cell)
+    assert _kernel_connections(kernel) == before
+
+
 def test_rank_error_while_peer_runs_python_keeps_the_peers_state(kernel):
     kernel.run("%%distributed\nkept = f'state of {rank}'").ok()
     cell = kernel.run("%%distributed\nif rank == 1:\n    raise KeyError('only rank 1')\ntime.sleep(30)", timeout=30)

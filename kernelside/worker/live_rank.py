@@ -80,8 +80,9 @@ def _idle(events, req_id: int, **extra) -> None:
 class RequestReader:
     """Reads the kernel's requests in a thread: control messages are served at once, the rest queued."""
 
-    def __init__(self, fd: int, events):
+    def __init__(self, fd: int, events, inherited: frozenset[str] = frozenset()):
         self.fd, self.events = fd, events
+        self.inherited = inherited  # the kernel's sockets a forked rank holds: never shut down (abort)
         self.queue: queue.SimpleQueue = queue.SimpleQueue()
         self.abort_lock = threading.Lock()  # an abort finishes before the rank says it is idle again
         self.watch = live_rescue.WaitWatch(events)
@@ -122,7 +123,7 @@ class RequestReader:
             self._where()
             _state["aborted"] = True
             _aborted.set()
-            live_rescue.close_group_sockets()
+            live_rescue.close_group_sockets(self.inherited)
 
     def _where(self) -> None:
         """Where the main thread is in the request it runs, or that it has not started the one queued."""
@@ -138,6 +139,7 @@ class RequestReader:
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
     _state["namespace"] = namespace
+    inherited = live_rescue.socket_inodes()  # before the process group exists: none of these is its
     failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
         return failed
@@ -148,7 +150,7 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
     namespace["device"] = torch.device(spec.device)
     events.send("ready", {**stamp(), "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_sigint)
-    reader = RequestReader(requests_fd, events)
+    reader = RequestReader(requests_fd, events, inherited)
     _idle(events, 0)
     while True:
         _state["busy"] = False

@@ -96,9 +96,32 @@ class WaitWatch:
             self.events.send("waiting", at)
 
 
-def close_group_sockets() -> int:
-    """Shut down every established TCP connection of this rank except the rendezvous store's: the
-    process group's pair sockets. A collective blocked on them raises at once. Returns how many."""
+def socket_inodes() -> frozenset[str]:
+    """The inodes of the sockets this process holds now. A forked rank calls it first thing: what it holds
+    then is the kernel's (Jupyter's ZMQ connections among them), never its own to shut down.
+
+    Example::
+
+        >>> inherited = socket_inodes()   # doctest: +SKIP
+    """
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return frozenset(found)
+
+
+def close_group_sockets(inherited: frozenset[str] = frozenset()) -> int:
+    """Shut down every established TCP connection this rank opened, except the rendezvous store's: the
+    process group's pair sockets. A collective blocked on them raises at once. Returns how many.
+
+    ``inherited`` (``socket_inodes()`` at the rank's start) are left alone: a forked rank holds the
+    kernel's own connections (Jupyter's shell/iopub/control), and ``shutdown`` on a shared socket cuts
+    it for the kernel too — its reply to the running cell is lost and the cell never ends."""
     store_port = int(os.environ.get("MASTER_PORT", "0") or 0)
     conns = {}
     for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
@@ -107,7 +130,7 @@ def close_group_sockets() -> int:
                 next(fh)
                 for row in fh:
                     f = row.split()
-                    if f[3] == "01":  # ESTABLISHED
+                    if f[3] == "01" and f[9] not in inherited:  # ESTABLISHED, and this rank's own
                         conns[f[9]] = (int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16))
         except OSError:
             continue
