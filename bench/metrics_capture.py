@@ -56,18 +56,19 @@ def _callers(tmp: str) -> dict:
     connector = pl._logger_connector
     fabric = L.Fabric(accelerator="cpu", devices=1)
     loss = torch.tensor(0.5)
-    depth = metric_capture._depth
+    capture_state = metric_capture.CAPTURE
 
     def three(owner, name, call):
         method = getattr(owner, name)
         original = method.__wrapped__.__get__(owner)
 
         def framework_only(i):
-            depth[0] += 1  # as inside a captured call: what the framework logs through (TensorBoard) is not recorded
+            # as inside a captured call: what the framework logs through (TensorBoard) is not recorded
+            capture_state.depth += 1
             try:
                 call(original, i)
             finally:
-                depth[0] -= 1
+                capture_state.depth -= 1
 
         # nblaunch's wrapper and capture around a method that does nothing: the capture's own work, without the
         # framework's (large, jittery) file writes in the measurement
@@ -101,12 +102,12 @@ def rounds(n: int, count: int):
     import torch.distributed as dist
 
     from kernelside import log_metrics
-    from kernelside.worker import metric_capture
+    from kernelside.worker import import_patches
 
     if dist.get_rank() != 0:
         return None
     callers = _callers(tempfile.mkdtemp())
-    assert metric_capture._FINDER in sys.meta_path, "the capture is not installed in this rank"
+    assert import_patches._FINDER in sys.meta_path, "the capture is not installed in this rank"
     loss = torch.tensor(0.5)
     times: dict[str, list[float]] = {"log_metrics": [], "log_metrics tensor": []}
     times.update({f"{name}: {kind}": [] for name in LOGGERS for kind in KINDS})

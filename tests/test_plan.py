@@ -35,7 +35,7 @@ def test_cpu_machine_uses_gloo_two_workers_and_cpu_devices():
     assert (p.num_processes, p.backend, p.start_method) == (2, "gloo", "fork")
     assert [p.device_for(r) for r in range(2)] == ["cpu", "cpu"]
     env = p.env_for(1, 29555)
-    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_USE_CPU"] == "True"  # as accelerate launch exports it for a MULTI_CPU config
     assert "CUDA_VISIBLE_DEVICES" not in env
 
 
@@ -105,6 +105,7 @@ def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
 
 def test_accelerate_variables_follow_the_config():
     p = plan(
+        gpus=2,  # Accelerate runs FSDP on GPUs only; without them the launch is refused (test_accelerate_env.py)
         mixed_precision="fp16",
         dynamo_config={"dynamo_backend": "INDUCTOR"},
         fsdp_config={"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": False},
@@ -141,8 +142,8 @@ def test_cuda_guard_records_the_first_site_that_initializes_cuda():
         state["init"] = True
 
     fake_cuda._lazy_init = lazy_init
-    saved = dict(cuda_guard._state)
-    cuda_guard._state["site"] = None
+    saved = cuda_guard.FIRST_INIT.site, cuda_guard.FIRST_INIT.installed_on
+    cuda_guard.FIRST_INIT.site = None
     try:
         cuda_guard.install(fake_cuda)
         fake_cuda._lazy_init()  # this line is the site
@@ -150,7 +151,7 @@ def test_cuda_guard_records_the_first_site_that_initializes_cuda():
         fake_cuda._lazy_init()  # later calls do not move it
         assert cuda_guard.first_init_site() == site
     finally:
-        cuda_guard._state.update(saved)
+        cuda_guard.FIRST_INIT.site, cuda_guard.FIRST_INIT.installed_on = saved
     assert site.startswith(f"{__file__}:") and "fake_cuda._lazy_init()  # this line is the site" in site
 
 

@@ -1,7 +1,7 @@
 """A live session: a world made once (``live.world``: processes, process group, restarts), then requests.
 
 Every request — the start, a cell, a function call, a push — is one run of
-``launch.engine.run_engine`` with a ``LiveRunEngine`` (``live.cell_engine``): the same report,
+``launch.runner.run_engine`` with a ``LiveRunEngine`` (``live.request_engine``): the same report,
 output routing, widgets, RunRecorder, failure and interrupt rules as a one-shot launch. Its entry
 in the launch panel's Runs view (``live.run_entry``) is the tracker that recorder feeds. A failed
 request brings every rank back to idle with its state; only a world that cannot go on is restarted
@@ -29,17 +29,16 @@ import pickle
 import sys
 import threading
 import time
-import types
 
 from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..errors import LaunchConfigError, LaunchError, WorkerError
-from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
+from ..launch.runner import keeping_last_report, plan_for, run_engine
 from . import registry
-from .cell_engine import LiveRunEngine
-from .names import NameSender, dumps, names_assigned, needed_names
+from .names import NameSender, dumps
+from .request_engine import LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 from .world import World
 
@@ -210,8 +209,7 @@ class LiveSession:
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
         ns = kernel_namespace()
-        values = self.names.collect(needed_names(program.source, program.filename, ns), ns)
-        assigned = names_assigned(program.source, program.filename)
+        values, assigned = self.names.for_cell(program, ns)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
     @_one_at_a_time
@@ -221,12 +219,7 @@ class LiveSession:
             raise LaunchConfigError("function", fn, "a callable (a function defined in the notebook, say)")
         self._ensure_world()
         ns = kernel_namespace()
-        used: set[str] = set()
-        if isinstance(fn, types.FunctionType) and fn.__module__ == "__main__":
-            from .names import _code_names
-
-            _code_names(fn, ns, used)
-        values = self.names.collect(used, ns)
+        values = self.names.for_function(fn, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
     @_one_at_a_time

@@ -6,7 +6,7 @@ wait for requests instead of exiting. The world knows what state it is in — on
 
 ``starting`` → ``idle`` ⇄ ``busy`` → ``closed``, and ``broken`` (a request could not be written
 whole: the next request restarts it first). ``generation`` counts the default process groups
-rebuilt in place after a failure (``live.cell_engine``); ``restarts`` the new sets of processes.
+rebuilt in place after a failure (``live.request_engine``); ``restarts`` the new sets of processes.
 
 What runs on it, and when it is restarted, is the session's (``live.session``) and its requests'.
 

@@ -1,7 +1,7 @@
 """One run of the kernel loop over a live session's ranks: a cell, a function call, a push, or the start.
 
-``LiveRunEngine`` has the engine interface of ``engines.table`` and goes through the same
-``launch.engine.run_engine`` as a one-shot launch (same report, output routing, widgets and
+``LiveRunEngine`` is an ``engines.contract.Engine`` and goes through the same
+``launch.runner.run_engine`` as a one-shot launch (same report, output routing, widgets and
 RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
 part is back to ``idle`` for this request (not when processes exit), and stopping a rank brings it
 back to idle with its namespace instead of ending it:
@@ -29,6 +29,7 @@ import pickle
 import signal
 import time
 
+from ..engines.contract import Engine
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
 from ..run_contract import RankState
@@ -42,23 +43,19 @@ RESTARTED = "the live session was restarted: its state is gone (new processes, s
 REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
 
 
-class LiveRunEngine:
-    """The engine interface over a live session's ranks, for one request."""
+class LiveRunEngine(Engine):
+    """The engine contract over a live session's ranks, for one request."""
 
-    clock = "monotonic"
-    routes_output = True
-    peer_hint = None
-    stop_grace_s = 0.0
-    defer_display = True  # a quick cell opens no widget (launch.engine.run_engine)
+    stop_grace_s = SETTLE_S  # (run_engine's deadline is the plan's timeout, the session's or the cell's)
+    defer_display = True  # a quick cell opens no widget (launch.runner.run_engine)
 
     def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
+        """(``timeout`` is the plan's, which ``run_engine`` applies: accepted here for the session's calls.)"""
         self.session, self.req_id, self.ranks = session, req_id, tuple(ranks)
-        self.blob, self.timeout, self.label = blob, timeout, label
+        self.blob, self.label = blob, label
         self.render = session.render
-        self.port = session.world.port
-        self.t_call = time.monotonic()
         self.signalled_at: float | None = None
-        self.recorder = None
+        self.recorder = self.loop = None
         self.restart_reason: str | None = None
         self.aborted = False  # every rank was told to close its process-group sockets
         self.rebuilt: int | None = None  # the group generation every rank came back with
@@ -68,10 +65,11 @@ class LiveRunEngine:
         self.answered: set[int] = set()
         self.waiting: dict[int, dict] = {}  # rank -> the collective it has waited in for a while
         self.mismatch = False  # the failure is ranks waiting in collectives that never meet (said in full)
+        self.rebuilding: tuple[int, float] | None = None  # (generation, give up at) while ranks rebuild the group
 
-    # -- the engine interface --------------------------------------------------------------
-    def prepare(self) -> None:
-        pass
+    # -- the engine contract ---------------------------------------------------------------
+    def prepare(self) -> int:
+        return self.session.world.port
 
     def start(self, recorder) -> None:
         workers = self.session.world.group.workers
@@ -99,28 +97,28 @@ class LiveRunEngine:
             self.waiting[rank] = payload
             self._check_mismatch()
 
-    def wait(self, recorder) -> None:
-        try:
-            self._loop(recorder, timeout=self.timeout)
-        except KeyboardInterrupt:
-            recorder.stop_for_interrupt()
-            try:
-                self._loop(recorder, timeout=None, give_up_at=time.monotonic() + SETTLE_S)
-                self._rebuild_if_needed(recorder)
-            except KeyboardInterrupt:
-                pass  # a second Ctrl-C: no more waiting, the restart below
-            back = self._all_back(recorder) and self._broken(recorder) is None
-            where = self._where_lines()
-            if where:
-                self.session.err.write("nblaunch: " + "; ".join(where) + "\n")
-            raise CellInterrupted(
-                "every rank stopped the cell and kept its state" if back else "the cell was interrupted"
-            ) from None
-        self._rebuild_if_needed(recorder)
+    def poll(self, recorder, wait_s: float) -> bool:
+        if self.loop is None:
+            self.loop = EventLoop(
+                self.session.world.group,
+                recorder,
+                until=lambda: self._over(recorder),
+                readers=self.session.world.readers,
+            )
+        return self.loop.poll(wait_s)
+
+    def interrupt_error(self, recorder) -> BaseException:
+        back = self._all_back(recorder) and self._broken(recorder) is None
+        where = self._where_lines()
+        if where:
+            self.session.err.write("nblaunch: " + "; ".join(where) + "\n")
+        return CellInterrupted("every rank stopped the cell and kept its state" if back else "the cell was interrupted")
 
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
         ranks that cannot come up are the session's to handle, see ``LiveSession._bring_up``.)"""
+        if self.loop is not None:
+            self.loop.finish()
         if self.req_id and recorder.report.outcome != "interrupted" and not self.mismatch:
             where = self._where_lines()
             if where:
@@ -145,16 +143,12 @@ class LiveRunEngine:
             recorder.note(message)
 
     # -- inside ----------------------------------------------------------------------------
-    def _loop(self, recorder, *, timeout, give_up_at=None, until=None) -> None:
-        EventLoop(
-            self.session.world.group,
-            recorder,
-            timeout=timeout,
-            t_call=self.t_call,
-            until=until or (lambda: self._all_back(recorder)),
-            give_up_at=give_up_at,
-            readers=self.session.world.readers,
-        ).run()
+    def _over(self, recorder) -> bool:
+        """The loop's end: every rank back to idle, then (after an abort, or ranks out of step) the group rebuilt."""
+        if self.rebuilding is not None:
+            gen, give_up_at = self.rebuilding
+            return self._rebuilt(recorder, gen) or time.monotonic() >= give_up_at
+        return self._all_back(recorder) and not self._rebuild_if_needed(recorder)
 
     def _alive(self):
         return [w for w in self.session.world.group.workers if w.status is None]
@@ -219,35 +213,36 @@ class LiveRunEngine:
         self.mismatch = True
         rec.engine_failed(message)
 
-    def _rebuild_if_needed(self, recorder) -> None:
-        """After an abort, or with ranks out of step, every rank makes the default group again, in place."""
+    def _rebuild_if_needed(self, recorder) -> bool:
+        """After an abort, or with ranks out of step, every rank makes the default group again, in place: sent
+        here, waited for by the loop (``_over``). True when it was sent."""
         if self.req_id == 0 or self.session.plan.num_processes < 2 or self._running():
-            return
+            return False
         alive = self._alive()
         if len(alive) < self.session.plan.num_processes:
-            return  # a rank is gone: the world is restarted instead
+            return False  # a rank is gone: the world is restarted instead
         seqs = {recorder.idle.get(w.rank, {}).get("seq") for w in alive if w.rank in recorder.idle}
         if not self.aborted and len(seqs) <= 1:
-            return
+            return False
         gen = self.session.world.next_generation()
         body = pickle.dumps({"kind": "rebuild", "id": self.req_id, "gen": gen}, protocol=5)
         self.session.send(tuple(w.rank for w in alive), body)
-        all_ranks = tuple(w.rank for w in alive)
-
-        def rebuilt() -> bool:
-            return all(recorder.idle.get(r, {}).get("group") == gen for r in all_ranks) or any(
-                w.status is not None for w in self.session.world.group.workers
-            )
-
-        # the loop ends a stopping run's wait after its grace; the rebuild is this engine's to time
+        # run_engine ends a stopping run's wait after its grace; the rebuild is this engine's to time
         recorder.grace_s = REBUILD_S + (time.monotonic() - (recorder.stopping_since or time.monotonic()))
-        self._loop(recorder, timeout=None, give_up_at=time.monotonic() + REBUILD_S, until=rebuilt)
-        if all(
-            recorder.idle.get(r, {}).get("group") == gen and not recorder.idle[r].get("rebuild_failed")
-            for r in all_ranks
-        ):
+        self.rebuilding = (gen, time.monotonic() + REBUILD_S)
+        return True
+
+    def _rebuilt(self, recorder, gen: int) -> bool:
+        """Every rank came back with group ``gen`` (then ``rebuilt`` is set), or a rank ended."""
+        workers = self.session.world.group.workers
+        if any(w.status is not None for w in workers):
+            return True
+        if not all(recorder.idle.get(w.rank, {}).get("group") == gen for w in workers):
+            return False
+        if not any(recorder.idle[w.rank].get("rebuild_failed") for w in workers):
             self.rebuilt = gen
-            self.rebuild_notes = sorted({n for r in all_ranks for n in recorder.idle[r].get("notes", ())})
+            self.rebuild_notes = sorted({n for w in workers for n in recorder.idle[w.rank].get("notes", ())})
+        return True
 
     def _where_lines(self) -> list[str]:
         lines = []
