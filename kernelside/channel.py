@@ -104,6 +104,11 @@ class EventReader:
 
 
 # -- the kernel → rank request channel of a live session (one pipe per rank, only the kernel writes it) --
+def frame(body: bytes) -> bytes:
+    """One length-prefixed message as bytes (a small one is written in one go: ``World.send_control``)."""
+    return _HEADER.pack(len(body)) + body
+
+
 def write_frame(fd: int, body: bytes) -> None:
     """One length-prefixed message (blocking write): the kernel sends a live rank a request."""
     for chunk in (_HEADER.pack(len(body)), body):

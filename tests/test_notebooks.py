@@ -124,6 +124,13 @@ def test_live_ranks_notebook_keeps_the_model_across_cells_and_survives_a_failure
     assert "rank 0 weight norm" in text and "rank 1 weight norm" not in text
     assert "WorkerError nblaunch: rank 1 failed: ValueError: rank 1 fails on purpose" in text
     assert "still at step 80" in text and "live session stopped; nothing is left running" in text
+    # a bad batch on rank 1 while rank 0 waits in backward: only the cell is lost, training goes on, %debug answers
+    errors = "".join(
+        "\n".join(o.traceback) for c in nb.cells if c.cell_type == "code" for o in c.outputs if o.get("traceback")
+    )
+    assert "rank 1 failed: RuntimeError: mat1 and mat2 shapes cannot be multiplied" in errors
+    assert "every rank kept its state" in errors and "training went on to step 90" in text
+    assert "%debug on rank 1 needs a frontend that answers input" in text  # nbclient does not allow stdin
 
 
 def test_sharded_and_loggers_notebook_returns_the_whole_fsdp_model_and_charts_writer_and_trainer_logs(tmp_path):

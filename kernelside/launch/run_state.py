@@ -126,11 +126,16 @@ class RunStateWriter:
         if not final and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
             return False
         self.last_key, self.last_write = key, now
+        return self.write(self.snapshot(report, final=final, error=error))
+
+    def write(self, state: dict) -> bool:
+        """Replace the state file with ``state`` now (a live session's entry writes its own snapshot). True if
+        written; a full or read-only disk costs the panel its view of this run, never the run."""
         if self.failed is not None:
             return False
         try:
-            self._write(self.snapshot(report, final=final, error=error))
-        except OSError as e:  # a full or read-only disk costs the panel its view of this run, never the run
+            self._write(state)
+        except OSError as e:
             self.failed = e
             return False
         return True

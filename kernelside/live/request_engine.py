@@ -3,12 +3,19 @@
 ``LiveRunEngine`` is an ``engines.contract.Engine`` and goes through the same
 ``launch.runner.run_engine`` as a one-shot launch (same report, output routing, widgets and
 RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
-part is back to ``idle`` for this request (not when processes exit), and stopping a rank means
-SIGINT (``KeyboardInterrupt`` in its Python code), not SIGTERM. A rank that is not back to idle
-within ``SETTLE_S`` of the stop — stuck in a C-level collective, which no Python interrupt
-reaches under gloo — a rank that died, or ranks whose process group is out of step (they ran
-different numbers of collectives) mean the world cannot go on: it is restarted (new processes,
-same flags), and the error says so plainly.
+part is back to ``idle`` for this request (not when processes exit), and stopping a rank brings it
+back to idle with its namespace instead of ending it:
+
+- SIGINT (``KeyboardInterrupt`` in its Python code), after asking it where it is (``where``);
+- a rank still not back ``ABORT_AFTER_S`` later waits in a C-level collective, which no Python
+  interrupt reaches under gloo: every rank is told to ``abort`` (close its process-group sockets,
+  ``worker.live_rescue``), so every blocked collective raises at once;
+- then, if the group was aborted or the ranks ran different numbers of collectives, every rank
+  ``rebuild``s the default group in place (same processes, DDP models re-pointed).
+
+Ranks that wait in different collectives (``waiting`` events) are named as the failure at once.
+Only a rank that died, or one that cannot come back or rebuild, means the world is restarted (new
+processes, same flags), and the error says so plainly.
 
 Example::
 
@@ -18,6 +25,7 @@ Example::
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 
@@ -28,7 +36,11 @@ from ..run_contract import RankState
 
 SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
+WHERE_WAIT_S = 1.0  # the longest the end of a stopped request waits for the ranks' answers to ``where``
+ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every rank closes its group sockets
+REBUILD_S = 30.0  # the longest a process-group rebuild may take before the world is restarted instead
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
+REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
 
 
 class LiveRunEngine(Engine):
@@ -45,6 +57,15 @@ class LiveRunEngine(Engine):
         self.signalled_at: float | None = None
         self.recorder = self.loop = None
         self.restart_reason: str | None = None
+        self.aborted = False  # every rank was told to close its process-group sockets
+        self.rebuilt: int | None = None  # the group generation every rank came back with
+        self.rebuild_notes: list[str] = []  # what still holds the old group (from the ranks)
+        self.where: dict[int, dict] = {}  # rank -> where it was when stopped (worker.live_rescue.where_main)
+        self.asked: set[int] = set()  # ranks asked where they were; ``answered``: those whose answer came
+        self.answered: set[int] = set()
+        self.waiting: dict[int, dict] = {}  # rank -> the collective it has waited in for a while
+        self.mismatch = False  # the failure is ranks waiting in collectives that never meet (said in full)
+        self.rebuilding: tuple[int, float] | None = None  # (generation, give up at) while ranks rebuild the group
 
     # -- the engine contract ---------------------------------------------------------------
     def prepare(self) -> int:
@@ -60,39 +81,53 @@ class LiveRunEngine(Engine):
             self.blob = None  # the kernel keeps no copy of what it sent
 
     def stop(self) -> None:
-        """The first failure (or Ctrl-C, or the timeout): KeyboardInterrupt in every rank still running it."""
+        """The first failure (or Ctrl-C, or the timeout): every rank still running it comes back to idle."""
         if self.signalled_at is None:
+            running = self._running()
+            self.asked = {w.rank for w in running} - set(self._control("where", running))
             self._interrupt()
 
-    def _interrupt(self) -> None:
-        self.signalled_at = time.monotonic()
-        for w in self.session.world.group.workers:
-            if w.rank in self.ranks and w.status is None and not self._back(w.rank):
-                try:
-                    os.killpg(w.pid, signal.SIGINT)
-                except (ProcessLookupError, PermissionError):
-                    pass
+    def on_event(self, rank: int, kind: str, payload) -> None:
+        """The recorder's hook: where a stopped rank was; a rank waiting long in a collective."""
+        if kind == "where" and payload.get("cell") == self.req_id:
+            self.answered.add(rank)
+            if not payload.get("done"):
+                self.where[rank] = payload
+        elif kind == "waiting":
+            self.waiting[rank] = payload
+            self._check_mismatch()
 
     def poll(self, recorder, wait_s: float) -> bool:
         if self.loop is None:
             self.loop = EventLoop(
                 self.session.world.group,
                 recorder,
-                until=lambda: self._all_back(recorder),
-                readers=self.session.readers,
+                until=lambda: self._over(recorder),
+                readers=self.session.world.readers,
             )
         return self.loop.poll(wait_s)
 
     def interrupt_error(self, recorder) -> BaseException:
-        back = "every rank stopped the cell and kept its state" if self._all_back(recorder) else ""
-        return CellInterrupted(back or "the cell was interrupted")
+        back = self._all_back(recorder) and self._broken(recorder) is None
+        where = self._where_lines()
+        if where:
+            self.session.err.write("nblaunch: " + "; ".join(where) + "\n")
+        return CellInterrupted("every rank stopped the cell and kept its state" if back else "the cell was interrupted")
 
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
         ranks that cannot come up are the session's to handle, see ``LiveSession._bring_up``.)"""
         if self.loop is not None:
             self.loop.finish()
+        if self.req_id and recorder.report.outcome != "interrupted" and not self.mismatch:
+            where = self._where_lines()
+            if where:
+                recorder.note("Where the other ranks were: " + "; ".join(where) + ".")
         reason = self._broken(recorder) if self.req_id else None
+        if reason is None and self.rebuilt is not None:
+            for n in self.rebuild_notes:
+                recorder.note(f"nblaunch: after the rebuild, {n}.")
+            recorder.note(f"nblaunch: {REBUILT}.")
         if reason is None or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
         self.restart_reason = reason
@@ -108,17 +143,121 @@ class LiveRunEngine(Engine):
             recorder.note(message)
 
     # -- inside ----------------------------------------------------------------------------
+    def _over(self, recorder) -> bool:
+        """The loop's end: every rank back to idle, then (after an abort, or ranks out of step) the group rebuilt."""
+        if self.rebuilding is not None:
+            gen, give_up_at = self.rebuilding
+            return self._rebuilt(recorder, gen) or time.monotonic() >= give_up_at
+        return self._all_back(recorder) and not self._rebuild_if_needed(recorder)
+
+    def _alive(self):
+        return [w for w in self.session.world.group.workers if w.status is None]
+
+    def _running(self):
+        return [w for w in self._alive() if w.rank in self.ranks and not self._back(w.rank)]
+
+    def _control(self, kind: str, workers) -> list[int]:
+        """A control message (``where``, ``abort``) to these ranks, whose reader thread answers it; the ranks
+        it could not reach."""
+        return self.session.world.send_control(tuple(w.rank for w in workers), pickle.dumps({"kind": kind}, protocol=5))
+
+    def _interrupt(self) -> None:
+        self.signalled_at = time.monotonic()
+        for w in self._running():
+            try:
+                os.killpg(w.pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                pass
+
     def _back(self, rank: int) -> bool:
         return self.recorder is not None and self.recorder.rank_state(rank) is RankState.IDLE
 
     def _all_back(self, recorder) -> bool:
-        """The loop's end condition; while stopping, it also repeats the interrupt for ranks not back yet."""
-        back = all(
-            self._back(w.rank) for w in self.session.world.group.workers if w.rank in self.ranks and w.status is None
+        """The loop's end condition; while stopping, it repeats the interrupt and, past ABORT_AFTER_S, aborts."""
+        running = self._running()
+        if running and self.signalled_at is not None:
+            waited = time.monotonic() - self.signalled_at
+            if waited >= ABORT_AFTER_S and not self.aborted and self.session.plan.num_processes > 1:
+                self.aborted = True
+                self._control("abort", self._alive())  # every rank: one rank's sockets reach only its neighbours
+            if waited >= RESIGNAL_S:
+                self._interrupt()
+        elif running and self.waiting:
+            self._check_mismatch()
+        if not running and self.signalled_at is not None and time.monotonic() - self.signalled_at < WHERE_WAIT_S:
+            # a rank's answer (from its reader thread) may come after its idle: wait for it a moment
+            return self.asked <= self.answered | {w.rank for w in self.session.world.group.workers if w.status}
+        return not running
+
+    def _check_mismatch(self) -> None:
+        """Ranks that will never meet in their collectives are the failure, named now, not at a timeout."""
+        rec = self.recorder
+        if rec is None or rec.stopping:
+            return
+        running = self._running()
+        if not running or any(w.rank not in self.waiting for w in running):
+            return
+        calls = {w.rank: self.waiting[w.rank] for w in running}
+        finished = [r for r in self.ranks if self._back(r)]
+        keys = {(c["collective"], c["seq"]) for c in calls.values()}
+        if not finished and len(keys) == 1:
+            return  # every rank waits in the same collective: slow, not stuck
+        what = "; ".join(
+            f"rank {r} in {c['collective']} (collective #{c['seq']}) at {c['line']}" for r, c in calls.items()
         )
-        if not back and self.signalled_at is not None and time.monotonic() - self.signalled_at >= RESIGNAL_S:
-            self._interrupt()
-        return back
+        if finished:
+            names = ", ".join(map(str, finished))
+            message = f"{what}, which rank(s) {names} never joined: they finished the cell"
+        else:
+            message = f"the ranks called different collectives, which can never complete: {what}"
+        self.mismatch = True
+        rec.engine_failed(message)
+
+    def _rebuild_if_needed(self, recorder) -> bool:
+        """After an abort, or with ranks out of step, every rank makes the default group again, in place: sent
+        here, waited for by the loop (``_over``). True when it was sent."""
+        if self.req_id == 0 or self.session.plan.num_processes < 2 or self._running():
+            return False
+        alive = self._alive()
+        if len(alive) < self.session.plan.num_processes:
+            return False  # a rank is gone: the world is restarted instead
+        seqs = {recorder.idle.get(w.rank, {}).get("seq") for w in alive if w.rank in recorder.idle}
+        if not self.aborted and len(seqs) <= 1:
+            return False
+        gen = self.session.world.next_generation()
+        body = pickle.dumps({"kind": "rebuild", "id": self.req_id, "gen": gen}, protocol=5)
+        self.session.send(tuple(w.rank for w in alive), body)
+        # run_engine ends a stopping run's wait after its grace; the rebuild is this engine's to time
+        recorder.grace_s = REBUILD_S + (time.monotonic() - (recorder.stopping_since or time.monotonic()))
+        self.rebuilding = (gen, time.monotonic() + REBUILD_S)
+        return True
+
+    def _rebuilt(self, recorder, gen: int) -> bool:
+        """Every rank came back with group ``gen`` (then ``rebuilt`` is set), or a rank ended."""
+        workers = self.session.world.group.workers
+        if any(w.status is not None for w in workers):
+            return True
+        if not all(recorder.idle.get(w.rank, {}).get("group") == gen for w in workers):
+            return False
+        if not any(recorder.idle[w.rank].get("rebuild_failed") for w in workers):
+            self.rebuilt = gen
+            self.rebuild_notes = sorted({n for w in workers for n in recorder.idle[w.rank].get("notes", ())})
+        return True
+
+    def _where_lines(self) -> list[str]:
+        lines = []
+        for rank in sorted(self.where):
+            w = self.where[rank]
+            root = self.recorder.report.root_cause() if self.recorder is not None else None
+            if root is not None and root.rank == rank:
+                continue  # the root cause: its own traceback says where it was
+            if w.get("line") is None and w.get("seq") is None:
+                lines.append(f"rank {rank} had not started the cell")
+                continue
+            coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
+            at = f"was at {w['line']}" if w.get("line") else "was not in the cell's code (starting or ending it)"
+            lines.append(f"rank {rank} {at}{coll}")
+        return lines
 
     def _broken(self, recorder) -> str | None:
         workers = self.session.world.group.workers
@@ -129,10 +268,12 @@ class LiveRunEngine(Engine):
         if stuck:
             names = ", ".join(map(str, stuck))
             return (
-                f"rank(s) {names} did not come back within {SETTLE_S:g}s of being interrupted (inside a collective "
-                "waiting for a peer that had stopped, which no Python interrupt reaches under gloo)"
+                f"rank(s) {names} did not come back within {SETTLE_S:g}s of being interrupted, even with their "
+                "process-group connections closed (a C-level wait outside the process group, or code holding the GIL)"
             )
-        if set(self.ranks) == {w.rank for w in workers}:
+        if self.aborted and self.rebuilt is None:
+            return "the process group could not be rebuilt in the same processes"
+        if self.rebuilt is None and set(self.ranks) == {w.rank for w in workers}:
             seqs = {r: recorder.idle[r].get("seq") for r in self.ranks}
             if None not in seqs.values() and len(set(seqs.values())) > 1:
                 counts = ", ".join(f"rank {r}: {s}" for r, s in sorted(seqs.items()))

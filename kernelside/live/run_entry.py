@@ -35,6 +35,7 @@ from ..launch import rank_stacks
 from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
 from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
+from ..launch.run_tracker import RunTracker
 from ..run_contract import FINAL_RUN_STATES, rank_log_name
 
 ENGINE = "local (live)"
@@ -46,18 +47,21 @@ NEXT_CELL = "The next %%distributed cell runs one-shot; start a new live session
 STOP_REPLY = "stopping the live session: its ranks get SIGTERM now, SIGKILL after a short grace"
 
 
-class LiveRunEntry:
-    """The session's ``state.json`` and its Stop channel; see the module docstring."""
+class LiveRunEntry(RunTracker):
+    """The session's ``state.json`` and its Stop channel; see the module docstring.
+
+    To the recorder it is a run's tracker like any other (``tick``); its Stop channel is not the kernel
+    loop's to serve (``RunTracker.attach`` sees no control) but its own thread's, between cells too."""
 
     def __init__(self, session):
         self.session = session
         try:
-            self.control = RunControl.listen(session.log_dir)
+            self.channel = RunControl.listen(session.log_dir)
         except OSError:  # a log_dir on a file system without sockets: the session goes on, without Stop
-            self.control = None
-        if self.control is not None:
-            self.control.stopping_message = STOP_REPLY
-        self.writer = RunStateWriter(session.log_dir, engine=ENGINE, has_control=self.control is not None)
+            self.channel = None
+        if self.channel is not None:
+            self.channel.stopping_message = STOP_REPLY
+        super().__init__(RunStateWriter(session.log_dir, engine=ENGINE, has_control=self.channel is not None), None)
         self.write_lock = threading.Lock()  # the daemon thread and the main thread both write
         self.stop_asked = threading.Event()
         self.cells = 0
@@ -66,7 +70,7 @@ class LiveRunEntry:
         self.ended = False
         self._write("starting")
         self.thread = None
-        if self.control is not None:
+        if self.channel is not None:
             self._quit_r, self._quit_w = _pipe()
             self.thread = threading.Thread(target=self._serve, name="nblaunch-live-control", daemon=True)
             self.thread.start()
@@ -84,9 +88,6 @@ class LiveRunEntry:
             if rec.stop_requested():
                 rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
         self._write("starting" if self.engine is None or self.engine.req_id == 0 else "running", throttle=True)
-
-    def attach(self, sel, on_stop, on_stacks=None) -> None:
-        """The kernel loop's hook for a channel served from its selector: this one is served by its own thread."""
 
     def end(self, engine, report, is_cell: bool) -> None:
         """The request is over (whatever its outcome): back to idle, or the end if the world is gone."""
@@ -109,8 +110,8 @@ class LiveRunEntry:
         if self.thread is not None and threading.current_thread() is not self.thread:
             _write_byte(self._quit_w)
             self.thread.join(5)
-        if self.control is not None:
-            self.control.close()
+        if self.channel is not None:
+            self.channel.close()
         rank_stacks.remove_files(self.session.log_dir)
         self._write(state, final=True, error=error)
 
@@ -118,7 +119,7 @@ class LiveRunEntry:
     def _serve(self) -> None:
         sel = selectors.DefaultSelector()
         try:
-            self.control.register(sel, self._on_stop, self._stack_targets)
+            self.channel.register(sel, self._on_stop, self._stack_targets)
             sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
             while not self.ended:
                 for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
@@ -168,12 +169,7 @@ class LiveRunEntry:
             if throttle and key == w.last_key and now - w.last_write < 0.25:
                 return
             w.last_key, w.last_write = key, now
-            if w.failed is not None:
-                return
-            try:
-                w._write(self.snapshot(state, final=final, error=error))
-            except OSError as e:  # a full or read-only disk costs the panel its view, never the session
-                w.failed = e
+            w.write(self.snapshot(state, final=final, error=error))  # a disk error costs the view, not the session
 
     def _engine_key(self):
         rec = getattr(self.engine, "recorder", None)
@@ -209,7 +205,7 @@ class LiveRunEntry:
         return out
 
     def _ranks(self, state: str) -> list[dict]:
-        world = self.session.world
+        world = self.session.world if self.session.world.engine is not None else None
         rec = getattr(self.engine, "recorder", None)
         in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []

@@ -1,12 +1,14 @@
-"""A live session: the plan and the ranks made once, then one run of the kernel loop per cell.
+"""A live session: a world made once (``live.world``: processes, process group, restarts), then requests.
 
-The world is the local engine's (``engines.local.LocalEngine``: the same WorkerGroup, rendezvous
-store and pipes as a one-shot launch) with live ranks (``worker.live_rank``) that wait for requests
-instead of exiting. Each request — a cell, a function call, a push — goes through
-``launch.runner.run_engine`` with a ``LiveRunEngine``: the same report, output routing, widgets,
-RunRecorder, failure and interrupt rules. A world that cannot go on is restarted with the same flags.
+Every request — the start, a cell, a function call, a push — is one run of
+``launch.runner.run_engine`` with a ``LiveRunEngine`` (``live.request_engine``): the same report,
+output routing, widgets, RunRecorder, failure and interrupt rules as a one-shot launch. Its entry
+in the launch panel's Runs view (``live.run_entry``) is the tracker that recorder feeds. A failed
+request brings every rank back to idle with its state; only a world that cannot go on is restarted
+with the same flags, and the error says so.
 
-One session per kernel at a time (``current()``); a second kernel has its own.
+One session per kernel at a time (``current()``); a second kernel has its own. Requests run one at
+a time, each holding the session's one lock (``life``), which the panel's Stop between cells takes too.
 
 Example::
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import os
 import pickle
@@ -27,34 +30,37 @@ import sys
 import threading
 import time
 
-import cloudpickle
-
-from ..channel import EventReader, write_frame
 from ..config import resolve_config
 from ..display.progress_view import render_mode
-from ..engines.local import LocalEngine
-from ..errors import LaunchConfigError, LaunchError
-from ..launch.recorder import live_rank_state
+from ..errors import LaunchConfigError, LaunchError, WorkerError
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, plan_for, run_engine
-from ..run_contract import RankState
 from . import registry
 from .names import NameSender, dumps
 from .request_engine import LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
+from .world import World
 
 current = registry.current  # this kernel's live session, or None
+STOPPED = "nblaunch: this live session was stopped; start a new one with %distributed_start."
 
 
-def _holding_life(method):
-    """Run a request holding the session's life lock: the panel's Stop never closes the world under it."""
+def _one_at_a_time(method):
+    """Run a request holding the session's lock; a second thread gets a clear error instead of a wait.
+    (The panel's Stop between cells holds it for a moment: then the request waits, and finds the session gone.)"""
 
+    @functools.wraps(method)
     def wrapper(self, *args, **kwargs):
-        with self.life:
+        if not self.life.acquire(blocking=False):
+            if not self.runs.stop_asked.is_set():
+                raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
+            self.life.acquire()
+        try:
             return method(self, *args, **kwargs)
+        finally:
+            self.life.release()
 
-    wrapper.__name__, wrapper.__doc__, wrapper.__wrapped__ = method.__name__, method.__doc__, method
     return wrapper
 
 
@@ -85,13 +91,11 @@ class LiveSession:
             )
         self.render = render_mode(self.plan.output)
         self.ids = itertools.count(1)
-        self.lock = threading.Lock()
         self.logs = contextlib.ExitStack()
         self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
-        self.world: LocalEngine | None = None
+        self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=kernel_namespace)
+        self.names = NameSender()
         self.started_at = time.monotonic()
-        self.restarts, self.busy, self.broken = 0, False, None
-        self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
         self.start_display = None  # the start cell's RunDisplay (widgets only), told when the session ends
@@ -101,7 +105,7 @@ class LiveSession:
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
         running = registry.current()
-        if running is not None and running.world is None:
+        if running is not None and not running.world.up:
             registry.set_current(None)  # stopped from the launch panel between cells
             running = None
         if running is not None:
@@ -114,47 +118,46 @@ class LiveSession:
             for notice in session.plan.notices:
                 session.out.write(notice + "\n")
             with session.life:
-                session._start_world()
-                session._await_ready()
+                session._new_names(session.world.start())
+                engine = session._start_engine()
+                session._execute(engine, LaunchRequest(fn=None), session.plan)
+                session.world.state = "idle"
+            # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
+            session.start_display = engine.recorder.display if engine.recorder is not None else None
         except BaseException as e:
             session._close("failed", e)
             raise
         registry.set_current(session)
         return session
 
-    @_holding_life
+    @_one_at_a_time
     def restart(self) -> None:
         """New processes with the same flags; every rank's state is gone. Returns once every new rank is ready;
         if they do not come up, the session is stopped and a LaunchError says why."""
-        if self.world is None:
-            raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
-        if not self.lock.acquire(blocking=False):
-            raise LaunchError("nblaunch: the live session is running a cell (from another thread); restart it after.")
-        try:
-            self.restart_world()
-            self._bring_up("the live session was restarted, but its new ranks")
-        finally:
-            self.lock.release()
+        if not self.world.up:
+            raise LaunchError(STOPPED)
+        self.restart_world()
+        self._bring_up("the live session was restarted, but its new ranks")
 
-    @_holding_life
     def stop(self) -> None:
         """Stop every rank; nothing is left (processes, port, fds). Safe to call twice."""
-        self._close("done")
-        if registry.current() is self:
-            registry.set_current(None)
+        with self.life:
+            self._close("done")
 
     def stop_from_panel(self) -> None:
-        """The launch panel's Stop (``run_entry``), holding the life lock: every rank ends, the entry says "stopped"."""
-        self._close("stopped")
+        """The launch panel's Stop (``run_entry``), holding the lock: every rank ends, the entry says "stopped".
+        The session stays this kernel's until its next cell, which refuses once and says why."""
+        self._close("stopped", forget=False)
 
-    def _close(self, state: str, error: BaseException | None = None) -> None:
+    def _close(self, state: str, error: BaseException | None = None, *, forget: bool = True) -> None:
         if self.runs.stop_asked.is_set():
             state = "stopped"
-        if self.world is not None:
-            self.world.close(1.0, None)
+        if self.world.up:
+            self.world.close(1.0)
         self.runs.close(state, error)  # the ranks (now dead) are still listed in the final state
-        self.world = None
         self.logs.close()
+        if forget and registry.current() is self:
+            registry.set_current(None)
         display, self.start_display = self.start_display, None
         # (only from the kernel's main thread: a widget message sent from the panel's Stop thread would open
         # sockets of that thread in the kernel, which outlive it)
@@ -162,54 +165,32 @@ class LiveSession:
             how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
             display.session_ended(f"session stopped {how}".rstrip() + "; nothing is left running")
 
-    def _start_world(self) -> None:
-        fork = self.plan.start_method == "fork"
-        ns = kernel_namespace() if fork else {}
-        self.names = NameSender()
-        if fork:
-            self.names.seed(ns)
-        req = LaunchRequest(fn=None)
-        blob = None if fork else cloudpickle.dumps(None)
-        world = LocalEngine(
-            req, self.plan, self.log_dir, self.out, self.err, render=self.render, spawn_blob=blob, live_namespace=ns
-        )
-        world.prepare()
-        self.world = world
-        world.start_ranks()
-        self.readers = [EventReader() for _ in world.group.workers]
-        self.cells_run = [0] * len(world.group.workers)
-        self.ready, self.broken = False, None
-
     def restart_world(self) -> None:
         """Called when the world cannot go on: the old ranks are gone at once, new ones start."""
-        if self.world is not None:
-            self.world.close(0.2, None)
-        self.restarts += 1
-        self._start_world()
+        self._new_names(self.world.restart())
         self.runs.restarted()
 
-    def _ready_engine(self) -> LiveRunEngine:
+    def _new_names(self, namespace: dict) -> None:
+        """What the new ranks hold of the kernel's names: what they inherited (fork), else nothing."""
+        self.names = NameSender()
+        if self.plan.start_method == "fork":
+            self.names.seed(namespace)
+
+    def _start_engine(self) -> LiveRunEngine:
         engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
         engine.defer_display = False  # the start cell shows the session's status line until the session ends
         return engine
 
-    def _await_ready(self) -> None:
-        engine = self._ready_engine()
-        self._run(engine, LaunchRequest(fn=None), self.plan)
-        # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
-        self.start_display = engine.recorder.display if engine.recorder is not None else None
-        self.ready = True
-
     def _bring_up(self, what: str, cause: BaseException | None = None) -> None:
-        """Wait for a restarted world's ranks to be ready (the lock is held). If they fail, the session is stopped
-        (a world that cannot start would fail every later cell the same way) and the error says so: a LaunchError,
-        or ``cause`` (the cell's own error, whose root cause comes first) with that said at its end."""
+        """Wait for a restarted world's ranks to be ready. If they fail, the session is stopped (a world that
+        cannot start would fail every later cell the same way) and the error says so: a LaunchError, or
+        ``cause`` (the cell's own error, whose root cause comes first) with that said at its end."""
         try:
             with keeping_last_report():  # %distributed_last stays the cell's report, not the start's
-                self._execute(self._ready_engine(), LaunchRequest(fn=None), self.plan)
-            self.ready = True
+                self._execute(self._start_engine(), LaunchRequest(fn=None), self.plan)
+            self.world.state = "idle"
         except BaseException as e:
-            self.stop()
+            self._close("done")
             message = (
                 f"nblaunch: {what} did not come up ({_summary(e)}). "
                 "The live session is stopped and nothing is left running; fix the cause, then %distributed_start."
@@ -223,7 +204,7 @@ class LiveSession:
             raise LaunchError(message) from e
 
     # -- requests --------------------------------------------------------------------------
-    @_holding_life
+    @_one_at_a_time
     def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
@@ -231,7 +212,7 @@ class LiveSession:
         values, assigned = self.names.for_cell(program, ns)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
-    @_holding_life
+    @_one_at_a_time
     def run_function(self, fn, args=(), kwargs=None, *, return_from=(0,), ranks=None, timeout=None):
         """Call ``fn(*args, **kwargs)`` on the ranks (its globals: each rank's namespace); the LaunchOutcome."""
         if not callable(fn):
@@ -241,7 +222,7 @@ class LiveSession:
         values = self.names.for_function(fn, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
-    @_holding_life
+    @_one_at_a_time
     def push(self, names, source: dict | None = None) -> list[str]:
         """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
@@ -262,12 +243,10 @@ class LiveSession:
     def _ensure_world(self) -> None:
         if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
             self._close("stopped")
-            if registry.current() is self:
-                registry.set_current(None)
             raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
-        if self.world is None:
-            raise LaunchError("nblaunch: this live session was stopped; start a new one with %distributed_start.")
-        if self.broken:
+        if not self.world.up:
+            raise LaunchError(STOPPED)
+        if self.world.state == "broken":
             self.restart_world()
 
     def _request(self, fn, args, kwargs, values, assigned, return_from, ranks, output, progress, timeout):
@@ -281,14 +260,12 @@ class LiveSession:
             body = {
                 "kind": "run" if fn is not None else "push",
                 "id": req_id,
-                "fn": dumps(fn) if fn is not None else None,
+                "fn": dumps(fn if fn is not None else tuple),  # a push runs nothing: the names are set, that's all
                 "args": dumps((args, kwargs)) if (args or kwargs) else None,
                 "names": {name: v[0] for name, v in values.items()},
                 "return_from": tuple(return_from),
                 "progress": progress or self.plan.progress,
             }
-            if fn is None:
-                body["fn"] = dumps(tuple)  # a push runs nothing: the names are set, then the rank is idle again
             blob = pickle.dumps(body, protocol=5)
         except Exception as e:
             raise LaunchConfigError(
@@ -304,16 +281,19 @@ class LiveSession:
         engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=label)
         del blob
         try:
-            return self._run(engine, LaunchRequest(fn=fn, return_all=True), plan)
+            return self._run(engine, LaunchRequest(fn=fn, return_all=True, on_event=engine.on_event), plan)
+        except WorkerError as e:
+            if e.rank is not None and engine.restart_reason is None:  # its rank still holds the failed frames
+                e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
+            raise
         finally:
             if engine.blob is None and engine.restart_reason is None:  # the ranks have the values now
                 self.names.sent(values, assigned)
 
     def _run(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
-        if not self.lock.acquire(blocking=False):
-            raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
+        """One request, with the world up before it and after it (a restart during it included)."""
         try:
-            if not self.ready and engine.req_id != 0:  # a world restarted outside a run: its ranks first come up
+            if self.world.state == "starting":  # a world restarted outside a run: its ranks first come up
                 self._bring_up("the live session was restarted, but its new ranks")
             try:
                 outcome = self._execute(engine, req, plan)
@@ -323,44 +303,50 @@ class LiveSession:
                 raise
             if engine.restart_reason is not None:
                 self._bring_up("the new ranks of that restart")
-            return outcome
         finally:
-            self.lock.release()
-            if self.runs.stop_asked.is_set():  # Stop from the panel during this request: the session ends too
+            if self.runs.stop_asked.is_set() and self.world.up:  # Stop from the panel during this request
                 self._close("stopped")
-                if registry.current() is self:
-                    registry.set_current(None)
         if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
             self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
         return outcome
 
     def _execute(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
-        self.busy = True
+        if engine.req_id:
+            self.world.state = "busy"
         self.runs.begin(engine)
         try:
             outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err, self.runs)
         finally:
-            self.busy = False
-            is_cell = engine.req_id != 0 and req.fn is not None
-            self.runs.end(engine, getattr(engine.recorder, "report", None), is_cell)
+            if self.world.state == "busy":
+                self.world.state = "idle"
+            self.runs.end(engine, getattr(engine.recorder, "report", None), engine.req_id != 0 and req.fn is not None)
         if engine.req_id:
             for r in engine.ranks:
-                self.cells_run[r] += 1
+                self.world.cells_run[r] += 1
         return outcome
 
+    @_one_at_a_time
+    def post_mortem(self, rank: int, of: int) -> None:
+        """``%debug`` after cell ``of`` failed: pdb in ``rank``'s frame of it, answered in the cell; ``q`` returns."""
+        self._ensure_world()
+        req_id = next(self.ids)
+        blob = pickle.dumps({"kind": "debug", "id": req_id, "of": of}, protocol=5)
+        plan = dataclasses.replace(self.plan, output="all", timeout=None)
+        engine = LiveRunEngine(
+            self, req_id, (rank,), blob=blob, timeout=None, label=f"live session, %debug of cell {of}"
+        )
+        with keeping_last_report():  # %distributed_last stays the failed cell's report
+            self._run(engine, LaunchRequest(fn=None, on_event=engine.on_event), plan)
+
     def send(self, ranks, blob: bytes) -> None:
-        """Write one request to these ranks' request pipes (blocking: an idle rank reads it at once)."""
-        try:
-            for w in self.world.group.workers:
-                if w.rank in ranks:
-                    write_frame(w.pipes.requests_w, blob)
-                    self.bytes_written += len(blob) + 8
-        except BaseException as e:
-            # a request cut in half leaves the rank's stream unreadable: this world cannot go on
-            self.broken = f"sending the request failed ({type(e).__name__})"
-            raise
+        """Write one request to these ranks (``World.send``)."""
+        self.world.send(ranks, blob)
 
     # -- what it is ------------------------------------------------------------------------
+    @property
+    def restarts(self) -> int:
+        return self.world.restarts
+
     def describe(self) -> str:
         flags = " ".join(f"{k}={v}" for k, v in self.arguments.items()) or "(defaults)"
         return (
@@ -370,18 +356,18 @@ class LiveSession:
 
     def status(self) -> list[dict]:
         """Per rank: pid, idle/busy, cells run, memory (RSS bytes)."""
-        rows, now = [], {"starting": not self.ready, "in_request": RankState.BUSY if self.busy else None}
-        for w in self.world.group.workers if self.world else ():
-            rows.append(
-                {
-                    "rank": w.rank,
-                    "pid": w.pid,
-                    "state": live_rank_state(process_ended=bool(w.status), session_over=False, **now),
-                    "cells": self.cells_run[w.rank],
-                    "rss": _rss(w.pid),
-                }
-            )
-        return rows
+        if not self.world.up:
+            return []
+        return [
+            {
+                "rank": w.rank,
+                "pid": w.pid,
+                "state": self.world.rank_state(w),
+                "cells": self.world.cells_run[w.rank],
+                "rss": _rss(w.pid),
+            }
+            for w in self.world.group.workers
+        ]
 
 
 def _summary(e: BaseException) -> str:

@@ -14,6 +14,11 @@ waits for the next request was meant for the one before and is dropped.
 Functions the kernel defines after the session started are rebuilt here with this rank's
 namespace as their globals (``rebuild_function``), so they see the names the cells assigned.
 
+The request pipe is read by a thread of the rank (``RequestReader``), not by the main thread: it
+queues the requests and answers the kernel's ``abort`` and ``where`` at once, even while the main
+thread waits in a C-level collective (``worker.live_rescue``). ``rebuild`` makes the default
+process group again in the same process after an abort; the namespace stays.
+
 Example (what the kernel side sends, see ``live.session``)::
 
     >>> write_frame(fd, dumps_request({"kind": "run", "id": 3, "fn": program, "names": {}}))  # doctest: +SKIP
@@ -23,15 +28,29 @@ from __future__ import annotations
 
 import os
 import pickle
+import queue
+import select
 import signal
+import threading
 import types
 
 from ..channel import read_frame
-from . import context
+from . import context, live_debug, live_rescue
 from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
-_state = {"busy": False, "pending": False, "namespace": None}
+# One rank process serves one live session: what its SIGINT handler and rebuilt functions must see.
+_aborted = threading.Event()  # set by the reader thread's abort (a peer's abort may be felt before it)
+_state = {
+    "busy": False,
+    "pending": False,
+    "namespace": None,
+    "aborted": False,
+    "req": None,
+    "last": None,
+    "replies": -1,
+}
+CONTROL_KINDS = ("abort", "where")
 
 
 def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, fdict):
@@ -49,29 +68,78 @@ def _on_sigint(signum, frame):
     _state["pending"] = True
 
 
-def _collectives_seq() -> int | None:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
-    except Exception:
-        return None
-    return None
-
-
 def _rss() -> int:
     with open("/proc/self/statm") as fh:
         return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _idle(events, req_id: int) -> None:
-    events.send("idle", {**stamp(), "cell": req_id, "seq": _collectives_seq(), "rss": _rss()})
+def _idle(events, req_id: int, **extra) -> None:
+    events.send("idle", {**stamp(), "cell": req_id, "seq": live_rescue._seq(), "rss": _rss(), **extra})
+
+
+class RequestReader:
+    """Reads the kernel's requests in a thread: control messages are served at once, the rest queued."""
+
+    def __init__(self, fd: int, events, inherited: frozenset[str] = frozenset()):
+        self.fd, self.events = fd, events
+        self.inherited = inherited  # the kernel's sockets a forked rank holds: never shut down (abort)
+        self.queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.abort_lock = threading.Lock()  # an abort finishes before the rank says it is idle again
+        self.watch = live_rescue.WaitWatch(events)
+        self.queued: int | None = None  # the id of the last request queued for the main thread
+        self.thread = threading.Thread(target=self._read, name="nblaunch-live-requests", daemon=True)
+        self.thread.start()
+
+    def next(self):
+        """The next request (a dict), or None when the kernel closed the pipe."""
+        return self.queue.get()
+
+    def _read(self) -> None:
+        try:
+            while True:
+                ready, _, _ = select.select([self.fd], [], [], 0.5)
+                if not ready:
+                    self.watch.check(_state["busy"])
+                    continue
+                body = read_frame(self.fd)
+                if body is None:
+                    break
+                req = pickle.loads(body)
+                del body
+                if req.get("kind") in CONTROL_KINDS:
+                    self._control(req)
+                else:
+                    self.queued = req.get("id")
+                    self.queue.put(req)
+        except BaseException as e:  # noqa: B036 - the rank must learn that its requests stopped
+            self.events.send("error", error_payload(e, "request"))
+        self.queue.put(None)
+
+    def _control(self, req: dict) -> None:
+        if req["kind"] == "where":
+            self._where()
+            return
+        with self.abort_lock:  # abort: this rank's process-group sockets, so every blocked peer returns
+            self._where()
+            _state["aborted"] = True
+            _aborted.set()
+            live_rescue.close_group_sockets(self.inherited)
+
+    def _where(self) -> None:
+        """Where the main thread is in the request it runs, or that it has not started the one queued."""
+        if _state["req"] is not None:
+            self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+        else:  # not started yet, or done with it already (then the kernel needs no line, but waits for the answer)
+            done = self.queued == _state["last"]
+            self.events.send(
+                "where", {"line": None, "collective": None, "seq": None, "cell": self.queued, "done": done}
+            )
 
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
     _state["namespace"] = namespace
+    inherited = live_rescue.socket_inodes()  # before the process group exists: none of these is its
     failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
         return failed
@@ -82,25 +150,33 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
     namespace["device"] = torch.device(spec.device)
     events.send("ready", {**stamp(), "pid": os.getpid()})
     signal.signal(signal.SIGINT, _on_sigint)
+    reader = RequestReader(requests_fd, events, inherited)
     _idle(events, 0)
     while True:
         _state["busy"] = False
-        req = None
-        body = read_frame(requests_fd)
+        req = reader.next()
         _state["pending"] = False  # an interrupt that came while waiting was for the request before
-        if body is None:
+        if req is None or req["kind"] == "stop":
             return RankEnd(0)
+        extra = {}
         try:
-            req = pickle.loads(body)
-            del body
-            if req["kind"] == "stop":
-                return RankEnd(0)
-            _serve(spec, events, req, namespace)
+            _state["req"] = _state["last"] = req["id"]
+            if req["kind"] == "rebuild":
+                extra = {"group": req["gen"], "rebuild_failed": True}  # (until it succeeds: the kernel stops waiting)
+                extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
+                _state["aborted"] = False
+                _aborted.clear()
+            elif req["kind"] == "debug":
+                live_debug.post_mortem(req["of"], spec.rank)
+            else:
+                _serve(spec, events, req, namespace)
         except KeyboardInterrupt:
             pass  # an interrupt meant for the request that has just ended
         except BaseException as e:  # noqa: B036 - the request loop must survive whatever a request did
-            events.send("error", error_payload(e, "request"))
-        _idle(events, req["id"] if isinstance(req, dict) else -1)
+            events.send("error", error_payload(e, req["kind"]))
+        _state["req"] = None
+        with reader.abort_lock:
+            _idle(events, req["id"], **extra)
 
 
 def _serve(spec, events, req: dict, namespace: dict) -> None:
@@ -129,6 +205,13 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
             raise KeyboardInterrupt
         try:
             return fn(*args, **kwargs)
+        except Exception as e:
+            if not _state["aborted"] and any(w in str(e) for w in live_rescue.PEER_LOSS):
+                _aborted.wait(1.0)  # a peer closed its sockets on the kernel's abort before this rank's came
+            if _state["aborted"]:  # unblocked by the kernel's abort: stopped, not a failure of this rank
+                raise KeyboardInterrupt from e
+            live_debug.keep(req["id"], e)  # for %debug in the notebook
+            raise
         finally:
             _state["busy"] = False
 

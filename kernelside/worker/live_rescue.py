@@ -1,0 +1,228 @@
+"""A live rank's way back from a collective that will never finish, with its namespace kept.
+
+Facts of torch 2.13 this is built on: ``ProcessGroup.abort()`` / ``shutdown()`` do not unblock a
+pending gloo collective, but shutting down the gloo pair sockets does (the blocked call raises
+"Connection closed by peer" at once); a fresh ``init_process_group`` on a new store prefix then
+works in the same processes; ``DistributedDataParallel._update_process_group`` re-points a model.
+With three or more ranks, one rank's sockets reach only its ring neighbours, so the kernel tells
+*every* rank to close its own (``abort``): each is read by the rank's request reader thread
+(``worker.live_rank``), which runs while the main thread waits in C++ (gloo releases the GIL).
+
+The reader thread also says where the main thread is (``where``: the user's line and the collective
+it waits in, read from the main thread's Python stack) and, when the main thread has waited in one
+collective for ``WAIT_REPORT_S``, sends a ``waiting`` event: the kernel compares them across ranks
+to name mismatched collectives (rank 0 in ``barrier``, rank 1 in ``all_reduce``) at once.
+
+Example (in a rank)::
+
+    >>> where_main()                                   # doctest: +SKIP
+    {'line': '<%%distributed cell [4]>, line 5', 'collective': 'barrier', 'seq': 7}
+    >>> close_group_sockets(); rebuild_group(2, namespace)   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import sys
+import threading
+
+PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo's words
+WAIT_REPORT_S = 1.0  # a collective waited in this long is reported (mismatch detection)
+_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/: never "the user's line"
+_COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+
+
+def _main_frame():
+    return sys._current_frames().get(threading.main_thread().ident)
+
+
+def _seq() -> int | None:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(dist.distributed_c10d._get_default_group()._get_sequence_number_for_group())
+    except Exception:
+        return None
+    return None
+
+
+def where_main() -> dict:
+    """The main thread's user line (cell line, or file:line in function) and the collective it waits in."""
+    frame = _main_frame()
+    stack = []
+    while frame is not None:
+        stack.append(frame)
+        frame = frame.f_back
+    collective = None
+    for f in stack:  # innermost first: the outermost torch.distributed function is the user's call
+        name = os.path.basename(f.f_code.co_filename)
+        if name in _COLLECTIVE_FILES and f.f_code.co_name not in ("wrapper", "_get_default_group"):
+            collective = f.f_code.co_name
+        elif "torch/autograd" in f.f_code.co_filename and collective is None:
+            collective = "backward (gradient all-reduce)"
+    line = None
+    for f in stack:  # innermost first, up to nblaunch's own frames (what is outside them is not this request's)
+        path = f.f_code.co_filename
+        if path.startswith(_OWN):
+            break
+        if "/torch/" in path or "/site-packages/" in path or "/lib/python" in path:
+            continue
+        where = f"{path}, line {f.f_lineno}"
+        line = where if path.startswith("<%%distributed cell") else f"{where}, in {f.f_code.co_name}"
+        break
+    return {"line": line, "collective": collective, "seq": _seq()}
+
+
+class WaitWatch:
+    """Sends one ``waiting`` event when the main thread stays in one collective for ``WAIT_REPORT_S``."""
+
+    def __init__(self, events):
+        self.events = events
+        self.seen = None  # (frame id, seq) first seen waiting
+        self.sent = False
+
+    def check(self, busy: bool) -> None:
+        """Called by the reader thread about every half second."""
+        at = where_main() if busy else None
+        key = (at["collective"], at["seq"], at["line"]) if at and at["collective"] else None
+        if key != self.seen:
+            self.seen, self.sent = key, False
+            return
+        if key is not None and not self.sent:
+            self.sent = True
+            self.events.send("waiting", at)
+
+
+def socket_inodes() -> frozenset[str]:
+    """The inodes of the sockets this process holds now. A forked rank calls it first thing: what it holds
+    then is the kernel's (Jupyter's ZMQ connections among them), never its own to shut down.
+
+    Example::
+
+        >>> inherited = socket_inodes()   # doctest: +SKIP
+    """
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            found.add(target[8:-1])
+    return frozenset(found)
+
+
+def close_group_sockets(inherited: frozenset[str] = frozenset()) -> int:
+    """Shut down every established TCP connection this rank opened, except the rendezvous store's: the
+    process group's pair sockets. A collective blocked on them raises at once. Returns how many.
+
+    ``inherited`` (``socket_inodes()`` at the rank's start) are left alone: a forked rank holds the
+    kernel's own connections (Jupyter's shell/iopub/control), and ``shutdown`` on a shared socket cuts
+    it for the kernel too — its reply to the running cell is lost and the cell never ends."""
+    store_port = int(os.environ.get("MASTER_PORT", "0") or 0)
+    conns = {}
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            with open(table) as fh:
+                next(fh)
+                for row in fh:
+                    f = row.split()
+                    if f[3] == "01" and f[9] not in inherited:  # ESTABLISHED, and this rank's own
+                        conns[f[9]] = (int(f[1].rsplit(":", 1)[1], 16), int(f[2].rsplit(":", 1)[1], 16))
+        except OSError:
+            continue
+    closed = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        ports = conns.get(target[8:-1]) if target.startswith("socket:[") else None
+        if ports is None or store_port in ports:
+            continue
+        try:
+            s = socket.socket(fileno=os.dup(int(fd)))
+        except OSError:
+            continue
+        try:
+            s.shutdown(socket.SHUT_RDWR)
+            closed += 1
+        except OSError:
+            pass
+        finally:
+            s.close()
+    return closed
+
+
+def rebuild_group(gen: int, namespace: dict) -> list[str]:
+    """A new default process group in this same process (store prefix ``gen``); DDP models re-pointed.
+    Returns notes for the kernel: what still holds the old group and what to do about it."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    old = c10d._get_default_group()
+    backend = dist.get_backend()
+    store = c10d._get_default_store()
+    rank, size = dist.get_rank(), dist.get_world_size()
+    others = []  # (a loop, not a comprehension: that would hold ``old`` in a closure cell, a referrer of its own)
+    for pg in list(c10d._world.pg_map):
+        if pg is not old:
+            others.append(pg)
+    held = _holders(namespace, others)
+    # nblaunch's own init/destroy of the default group are no-ops for user code (worker.group_owner): torch's here.
+    # (The old group's sockets are shut down already, so its destructor has nothing to wait for.)
+    init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)
+    destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
+    destroy()
+    init(backend=backend, store=dist.PrefixStore(f"nblaunch-rebuild-{gen}", store), rank=rank, world_size=size)
+    notes = _repoint(old, c10d._get_default_group())
+    if held:
+        notes.append(
+            f"{', '.join(held)} still hold(s) a process group made before the rebuild (new_group, DeviceMesh): "
+            "make it again in a cell (dist.new_group(...), init_device_mesh(...))"
+        )
+    return notes
+
+
+def _repoint(old, new) -> list[str]:
+    """Every object still holding ``old``: DDP models get ``new``; the others are named. One pass of the
+    collector over the referrers (in C), not a Python loop over every object: this runs inside a failed cell."""
+    import types
+
+    from torch.nn.parallel import DistributedDataParallel
+
+    owners = []
+    for ref in gc.get_referrers(old):
+        if isinstance(ref, types.FrameType):
+            continue
+        if type(ref) is dict:  # an instance's __dict__: its owner holds the group
+            owners += [o for o in gc.get_referrers(ref) if getattr(o, "__dict__", None) is ref]
+        else:
+            owners.append(ref)
+    stuck = set()
+    for owner in owners:
+        if isinstance(owner, DistributedDataParallel):
+            owner._update_process_group(new)
+        elif not isinstance(owner, (list, tuple, set, types.FrameType, types.CellType)):
+            stuck.add(type(owner).__name__)
+    if stuck:
+        return [
+            f"{', '.join(sorted(stuck))} object(s) still hold the old process group and will fail: make them again "
+            "in a cell (FSDP: wrap the model again)"
+        ]
+    return []
+
+
+def _holders(namespace: dict, groups) -> list[str]:
+    """Namespace names whose value is, or holds, one of ``groups`` (a user's new_group, a DeviceMesh)."""
+    if not groups:
+        return []
+    ids = {id(g) for g in groups}
+    names = []
+    for name, value in namespace.items():
+        if id(value) in ids or type(value).__name__ == "DeviceMesh":
+            names.append(name)
+    return names or [f"{len(groups)} group(s) made with new_group"]
