@@ -11,7 +11,6 @@ import sys
 import tempfile
 import threading
 
-import psutil
 from kernel import Kernel
 
 SETUP = """
@@ -92,7 +91,7 @@ def main() -> None:
         ok = both(kernels, port, -1, "ok")
         failed = both(kernels, port, 3, "fail")
         cell = both(kernels, port, -1, "cell", cell=True)
-        left = [[p.cmdline() for p in psutil.Process(k.pid).children(recursive=True)] for k in kernels]
+        left = [[p.cmdline() for p in k.children()] for k in kernels]  # the forkserver template aside
     finally:
         for k in kernels:
             k.shutdown()
