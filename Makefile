@@ -86,7 +86,7 @@ GPU_PY ?=
 GPU_TEST_PY = $(or $(GPU_PY),$(PY))
 GPU_TEST_TIMEOUT ?= 120
 GPU_WHEELS ?= .gpu-wheels
-GPU_WHEEL_PACKAGES := ipython ipykernel ipywidgets jupyter_client nbclient nbformat
+GPU_WHEEL_PACKAGES := ipython ipykernel ipywidgets jupyter_client nbclient nbformat jupyter_server
 GPU_WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform any
 # a Python 3.12 to check the set with (here: pyenv's); without one, pip's resolver checks it
@@ -115,7 +115,7 @@ gpu-wheels:
 	@if [ -n "$(GPU_WHEELS_PY)" ] && $(GPU_WHEELS_PY) -c 'import sys; assert sys.version_info[:2] == (3, 12)'; then \
 		t=$$(mktemp -d) && $(GPU_WHEELS_PY) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $$t \
 			$(GPU_WHEEL_PACKAGES) && PYTHONPATH=$$t $(GPU_WHEELS_PY) -c 'import IPython, ipykernel, ipywidgets, \
-			jupyter_client, nbclient, nbformat; print("complete: installs with --no-index and imports under", \
+			jupyter_client, jupyter_server, nbclient, nbformat; print("complete: installs with --no-index and imports under", \
 			__import__("sys").version.split()[0])' ; s=$$?; rm -rf $$t; exit $$s; \
 	else \
 		python3 -m pip install -q --dry-run --no-index --find-links $(GPU_WHEELS) --python-version 3.12 \
