@@ -35,6 +35,11 @@ def test_quickstart_trains_on_two_workers_and_shows_bars_and_a_loss_chart(tmp_pa
         if m["model_name"] == "HTMLModel"
     )
     assert os.path.exists(out)
+    # it ends with what it promises: the report with each rank's log linked, then the metrics history
+    last_html = nb.cells[-3].outputs[0]["data"]["text/html"]
+    assert last_html.count('class="nblaunch-log-link"') == 2 and "rank1.log</a>" in last_html
+    history = nb.cells[-1].outputs
+    assert "32 points, loss from" in history[0]["text"] and "<table" in history[1]["data"]["text/html"]
 
 
 def test_accelerate_notebook_sees_multi_cpu_two_processes_bf16(tmp_path):

@@ -34,21 +34,22 @@ def import_accelerate(path_or_text: str | os.PathLike, *, text: bool = False) ->
         raise LaunchConfigError(None, None, None, message=f"Accelerate config is not valid YAML: {e}") from None
     if not isinstance(data, dict):
         raise LaunchConfigError(None, None, None, message="Accelerate config must be a mapping")
-    values, unknown, warnings = {}, {}, []
+    values, unknown, warnings, invalid = {}, {}, [], {}
     for k, v in data.items():
         f = FIELDS_BY_NAME.get(k)
         if f is not None and f.accelerate:
-            if k == "num_processes" and v is not None and int(v) < 1:
+            if k == "num_processes" and v in (-1, "-1"):
                 continue  # Accelerate writes -1 for "decide at launch"
             try:
                 values[k] = check_value(k, v)
             except LaunchConfigError as e:
-                warnings.append(f"{k}: {e.allowed_message}; skipped")
+                e.path, e.source = where, e.source or "an Accelerate config"
+                invalid[k] = e
         else:
             unknown[k] = v
     if data.get("distributed_type") == "MULTI_CPU" or data.get("use_cpu"):
         values["use_cpu"] = True
-    return ConfigFile(where, values, unknown, warnings)
+    return ConfigFile(where, values, unknown, warnings, invalid)
 
 
 def export_accelerate(values: dict) -> dict:

@@ -25,10 +25,11 @@ from ..config import resolve_config
 from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
+from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
-from ..errors import LaunchConfigError, LaunchError
+from ..errors import CellInterrupted, LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
-from . import cuda_guard, hardware
+from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
 from .plan import make_plan
 from .recorder import RunRecorder
@@ -148,11 +149,14 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     )
     _state["last_report"] = report
     router = None
-    if engine.routes_output:
-        router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
     # a live cell draws its display only once there is something to show (display/deferred_display.py)
     make = deferred_run_display if getattr(engine, "defer_display", False) else make_run_display
     display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.routes_output else None
+    if engine.routes_output:
+        router = RankOutputRouter(
+            plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
+        )
     recorder = RunRecorder(
         report,
         clock=engine.clock,
@@ -165,17 +169,20 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         t_call=engine.t_call,
         gpu=sampler_for(plan.gpu_ids),
         tracker=tracker,
+        where=lambda: _where_ranks_were(report, engine),
     )
     interrupted = None
     try:
         engine.start(recorder)
         if display is not None:
             display.show()
+        if tabs is not None:
+            tabs.show()
         engine.wait(recorder)
     except KeyboardInterrupt as e:
-        interrupted = e
+        # The stack of this loop is nblaunch's plumbing: the notebook shows one line saying what became of the ranks.
+        interrupted = e if isinstance(e, CellInterrupted) else CellInterrupted(_interrupted_message(report, engine))
         recorder.interrupted()
-        raise
     finally:
         # (stopped from the panel: the engine's loop has given the ranks their grace already)
         grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
@@ -183,5 +190,32 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         recorder.close()
         if interrupted is not None:
             recorder.finish_interrupted(interrupted)
+    if interrupted is not None:
+        raise interrupted from None
     value, values = recorder.outcome(req.return_all)
     return LaunchOutcome(value, values, report)
+
+
+def _interrupted_message(report: LaunchReport, engine) -> str:
+    """■ during a one-shot run: where each unfinished rank was, that they were stopped and nothing is left running
+    (said before they are stopped, raised once they are gone)."""
+    where = _where_ranks_were(report, engine)
+    return (
+        f"the run was interrupted (■): its {report.world_size} ranks were stopped and nothing is left running."
+        + (f"\nWhere the unfinished ranks were:\n{where}" if where else "")
+        + f"\nLogs of every rank: {report.log_dir}"
+    )
+
+
+def _where_ranks_were(report: LaunchReport, engine) -> str:
+    """Each unfinished rank's line and collective, from its stack (``rank_stacks``), asked before it is stopped;
+    '' on engines whose ranks are not this kernel's children (Ray, torch's elastic launcher)."""
+    group = getattr(engine, "group", None)
+    if group is None:
+        return ""
+    finished = {r.rank for r in report.ranks if r.state.is_final}
+    targets = [(w.rank, w.pid, None) for w in group.workers if w.status is None and w.rank not in finished]
+    if not targets:
+        return ""
+    answer = rank_stacks.StackRequest.send(report.log_dir, targets).collect(label=rank_stacks.kernel_label)
+    return "\n".join("  " + line for line in rank_stacks.describe(answer).splitlines())

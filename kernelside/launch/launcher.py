@@ -102,6 +102,7 @@ def notebook_launcher(
     if rdzv_backend not in ("static", "c10d", None):
         raise LaunchConfigError("rdzv_backend", rdzv_backend, "'static' or 'c10d'")
     arguments = config_arguments(
+        "notebook_launcher",
         num_processes=num_processes,
         mixed_precision=mixed_precision,
         use_port=use_port,
@@ -154,6 +155,7 @@ def _across_machines(a: dict):
         ip = a["master_addr"]
     per_node = a["num_processes"]  # Accelerate's notebook_launcher counts processes per machine
     arguments = config_arguments(
+        "notebook_launcher",
         num_processes=per_node * num_nodes if per_node else None,
         mixed_precision=a["mixed_precision"],
         use_port=port,
