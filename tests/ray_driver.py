@@ -11,6 +11,7 @@ import json
 import sys
 import time
 
+import psutil
 from kernel import Kernel
 
 SETUP = """
@@ -96,10 +97,21 @@ def main() -> None:
         out["metrics"] = shown(k.run("print(len(kernelside_report().metrics), kernelside_report().event_counts)"))
         out["fail"] = shown(k.run(FAIL_FUNCTION, timeout=240))
         k.run("import ray; ray.shutdown()").ok()
-        out["left"] = [p.cmdline()[:2] for p in k.children()]  # the forkserver template aside
+        out["left"] = _running(k.children())  # the forkserver template aside
     finally:
         k.shutdown()
     print(json.dumps(out))
+
+
+def _running(procs) -> list[list[str]]:
+    """The command lines of those still running: an ended process its parent has not reaped yet is left out."""
+    found = []
+    for p in procs:
+        try:
+            found.append(p.cmdline()[:2])
+        except (psutil.ZombieProcess, psutil.NoSuchProcess):
+            continue
+    return found
 
 
 if __name__ == "__main__":
