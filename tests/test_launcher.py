@@ -85,7 +85,7 @@ def test_workers_see_the_torchrun_environment_contract(method):
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["MASTER_PORT"] == str(last_report().port)
         assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
-        assert env["ACCELERATE_USE_CPU"] == "true"
+        assert env["ACCELERATE_USE_CPU"] == "True"  # as accelerate launch exports it for a MULTI_CPU config
         assert env["GLOO_SOCKET_IFNAME"] == "lo"
         assert r["initialized"] is True
         assert r["executable"] == sys.executable

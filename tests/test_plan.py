@@ -35,7 +35,7 @@ def test_cpu_machine_uses_gloo_two_workers_and_cpu_devices():
     assert (p.num_processes, p.backend, p.start_method) == (2, "gloo", "fork")
     assert [p.device_for(r) for r in range(2)] == ["cpu", "cpu"]
     env = p.env_for(1, 29555)
-    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_USE_CPU"] == "True"  # as accelerate launch exports it for a MULTI_CPU config
     assert "CUDA_VISIBLE_DEVICES" not in env
 
 
@@ -105,6 +105,7 @@ def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
 
 def test_accelerate_variables_follow_the_config():
     p = plan(
+        gpus=2,  # Accelerate runs FSDP on GPUs only; without them the launch is refused (test_accelerate_env.py)
         mixed_precision="fp16",
         dynamo_config={"dynamo_backend": "INDUCTOR"},
         fsdp_config={"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": False},

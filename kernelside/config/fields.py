@@ -222,6 +222,38 @@ FIELDS: tuple[Field, ...] = (
         "deepspeed_config", "dict", {}, "Accelerate DeepSpeed settings (zero_stage, ...).", "advanced", accelerate=True
     ),
     Field("debug", "bool", False, "Accelerate debug mode (checks collective shapes).", "advanced", accelerate=True),
+    Field(
+        "fp8_config",
+        "dict",
+        {},
+        "Accelerate fp8 settings for mixed_precision fp8 (backend, fp8_format, amax_history_len, ...).",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "megatron_lm_config",
+        "dict",
+        {},
+        "Accelerate Megatron-LM settings (megatron_lm_tp_degree, ...); needs GPUs.",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "parallelism_config",
+        "dict",
+        {},
+        "Accelerate parallelism settings with FSDP 2 (parallelism_config_dp_shard_size, ...).",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "enable_cpu_affinity",
+        "bool",
+        False,
+        "Accelerate: pin each rank to the CPU cores of its NUMA node (ACCELERATE_CPU_AFFINITY).",
+        "advanced",
+        accelerate=True,
+    ),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -234,7 +266,7 @@ ACCELERATE_PASSTHROUGH = {
     "tpu_env",
     "tpu_use_cluster",
     "tpu_use_sudo",
-    "enable_cpu_affinity",
+    "mpirun_config",  # nblaunch starts the ranks itself, never through mpirun
 }
 
 

@@ -57,6 +57,10 @@ def resolve_config(
                 raise next(iter(cf.invalid.values()))
         else:
             cf = load_config_file(path, lenient=lenient)
+            if {"compute_environment", "distributed_type"} & set(cf.unknown):  # an Accelerate file, given by path
+                cf = import_accelerate(path)
+                if cf.invalid and not lenient:
+                    raise next(iter(cf.invalid.values()))
         warnings.extend(cf.warnings)
         for k, v in cf.values.items():
             values[k], sources[k] = v, str(path)

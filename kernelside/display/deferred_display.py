@@ -54,6 +54,9 @@ class DeferredRunDisplay:
         if self.real is not None:
             self.real.finish(error)
 
+    def session_ended(self, text: str) -> None:
+        self._draw().session_ended(text)  # a live session's end is worth a line even where nothing was drawn yet
+
 
 def deferred_run_display(report, output: str, scope: str) -> DeferredRunDisplay | None:
     """A DeferredRunDisplay where widgets can render, else None (as ``make_run_display``)."""

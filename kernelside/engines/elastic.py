@@ -88,7 +88,8 @@ def _elastic_entry(blob, base: dict, error_dir: str):
         import torch
 
         device = "cpu"
-        if base["backend"] == "nccl" or (torch.cuda.is_available() and env.get("ACCELERATE_USE_CPU") != "true"):
+        cpu_asked = env.get("ACCELERATE_USE_CPU", "").lower() == "true"  # accelerate launch writes "True"
+        if base["backend"] == "nccl" or (torch.cuda.is_available() and not cpu_asked):
             device = f"cuda:{local_rank % max(1, torch.cuda.device_count())}"
         spec = RankSpec(
             rank=rank,

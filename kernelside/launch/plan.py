@@ -20,6 +20,7 @@ import os
 from ..config.launch_rules import DEFAULT_PORT, default_processes_per_machine, processes_per_machine
 from ..config.resolve import ResolvedConfig
 from ..errors import LaunchConfigError
+from .accelerate_env import accelerate_env
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,28 +160,6 @@ def choose_start_method(requested: str, cuda_initialized: bool, init_site: str |
     return "fork", "fork is safe: CUDA is not initialized in this kernel"
 
 
-def accelerate_env(values: dict, use_cpu: bool) -> dict:
-    """The ACCELERATE_* variables that make ``Accelerator()`` in a worker pick the configuration up."""
-    env = {"ACCELERATE_MIXED_PRECISION": values["mixed_precision"]}
-    if use_cpu:
-        env["ACCELERATE_USE_CPU"] = "true"
-    if values.get("debug"):
-        env["ACCELERATE_DEBUG_MODE"] = "true"
-    if values.get("downcast_bf16"):
-        env["ACCELERATE_DOWNCAST_BF16"] = "true"
-    for k, v in (values.get("dynamo_config") or {}).items():
-        env["ACCELERATE_" + k.upper()] = str(v)
-    if values.get("fsdp_config"):
-        env["ACCELERATE_USE_FSDP"] = "true"
-        for k, v in values["fsdp_config"].items():
-            env["FSDP_" + k.upper().removeprefix("FSDP_")] = str(v).lower() if isinstance(v, bool) else str(v)
-    if values.get("deepspeed_config"):
-        env["ACCELERATE_USE_DEEPSPEED"] = "true"
-        for k, v in values["deepspeed_config"].items():
-            env["ACCELERATE_DEEPSPEED_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
-    return env
-
-
 def _visible_physical(count: int) -> list[str]:
     cvd = os.environ.get("CUDA_VISIBLE_DEVICES")
     if cvd is None:
@@ -206,7 +185,10 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     backend_reason = explain_backend(v["backend"], backend, per_machine, gpu_ids, use_cpu)
 
     env = {str(k): str(x) for k, x in v["env"].items()}
-    env.update(accelerate_env(v, use_cpu))
+    # the Accelerate config file this launch amounts to: its process count and port, as the plan decides them
+    port = v["main_process_port"] or DEFAULT_PORT
+    as_launched = {**v, "num_processes": per_machine * machines, "main_process_port": port}
+    env.update(accelerate_env(as_launched, use_cpu))
     env.setdefault("PYTHONUNBUFFERED", "1")  # the worker's own subprocesses stream live too
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # a user's own value stays
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))  # cores shared out, as torchrun
@@ -273,12 +255,12 @@ def ray_plan(v: dict) -> LaunchPlan:
         )
     per_worker = dict(v["resources_per_worker"])
     env = {str(k): str(x) for k, x in v["env"].items()}
-    env.update(accelerate_env(v, not use_gpu))
+    n = v["num_processes"] or default_processes_per_machine(0)
+    env.update(accelerate_env({**v, "num_processes": n}, not use_gpu))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(per_worker.get("CPU", 1)))))
     if v["ray_address"] == "local" and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a Ray of this kernel's own: everything stays on 127.0.0.1
-    n = v["num_processes"] or default_processes_per_machine(0)
     return LaunchPlan(
         num_processes=n,
         backend=backend,

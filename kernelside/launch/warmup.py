@@ -26,6 +26,10 @@ def _import() -> None:
     from ..worker.warm_imports import import_rank_modules
 
     import_rank_modules()
+    try:  # the launch plan asks Accelerate's launcher for the ranks' ACCELERATE_* variables (accelerate_env.py)
+        import accelerate.commands.launch  # noqa: F401
+    except Exception:
+        pass
 
 
 def _run() -> None:

@@ -190,7 +190,9 @@ class LiveSession:
         self.runs.restarted()
 
     def _ready_engine(self) -> LiveRunEngine:
-        return LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+        engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+        engine.defer_display = False  # the start cell shows the session's status line until the session ends
+        return engine
 
     def _await_ready(self) -> None:
         engine = self._ready_engine()

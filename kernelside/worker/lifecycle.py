@@ -26,8 +26,10 @@ import time
 import traceback
 
 from . import (
+    accelerate_ranks,
     context,
     group_owner,
+    lightning_bars,
     metric_capture,
     progress,
     rank_debugger,
@@ -169,7 +171,9 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         group_owner.take_over(list(namespaces) + ([vars(main)] if main is not None else []), own_destroy)
         rank_debugger.install_distributed_breakpoint()  # torch's reads /dev/stdin: any rank, from the cell
         progress.install_in_worker()
+        lightning_bars.install_in_worker()
         metric_capture.install_in_worker(spec.metrics == "on")
+        accelerate_ranks.install_in_worker(spec.device)
         return None
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         _report(events, e, phase)
