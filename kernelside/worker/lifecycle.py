@@ -31,6 +31,7 @@ from . import (
     group_owner,
     lightning_bars,
     metric_capture,
+    output_positions,
     progress,
     rank_debugger,
     rank_departure,
@@ -65,6 +66,45 @@ class RankSpec:
     # default group is then a no-op, as nothing at the rank's end runs the group's destructor (group_owner.py)
     leaves_with_exit: bool = False
     stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_signal.py); "" for none
+
+    @classmethod
+    def build(
+        cls,
+        launch: dict,
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        device: str,
+        env: dict,
+        init_process_group: bool = True,
+        leaves_with_exit: bool = False,
+        stacks_file: str = "",
+    ) -> RankSpec:
+        """The one place a rank's spec is made: the launch-wide settings (``engines.contract.launch_settings``,
+        plain data that travels to any engine's workers) plus who this rank is.
+
+        Example::
+
+            >>> launch = {"backend": "gloo", "render": "text", "scope": "rank0", "metrics": "on", "return_all": False}
+            >>> RankSpec.build(launch, rank=1, local_rank=1, world_size=2, device="cpu", env={}).return_result
+            False
+        """
+        return cls(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            backend=launch["backend"],
+            device=device,
+            env=env,
+            return_result=rank == 0 or launch["return_all"],
+            progress_render=launch["render"],
+            progress_scope=launch["scope"],
+            metrics=launch["metrics"],
+            init_process_group=init_process_group,
+            leaves_with_exit=leaves_with_exit,
+            stacks_file=stacks_file,
+        )
 
 
 @dataclasses.dataclass
@@ -160,7 +200,8 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
             )
         )
         rank_identity.become_launched_worker(spec.rank)  # no interactive markers, clean Accelerate state
-        if replies_fd >= 0:
+        if replies_fd >= 0:  # the local engine: a kernel loop reads this rank's pipes, in order
+            output_positions.marks_are_read()
             rank_display.install(events, spec.rank)  # rank 0's display() / plt.show() reach the cell
             rank_stdin.install(events, replies_fd, spec.rank)  # rank 0's input() / pdb answered in the cell
         if spec.init_process_group:
