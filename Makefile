@@ -86,7 +86,11 @@ GPU_PY ?=
 GPU_TEST_PY = $(or $(GPU_PY),$(PY))
 GPU_TEST_TIMEOUT ?= 120
 GPU_WHEELS ?= .gpu-wheels
-GPU_WHEEL_PACKAGES := ipython ipykernel ipywidgets jupyter_client nbclient nbformat
+GPU_WHEEL_PACKAGES := ipython ipykernel ipywidgets jupyter_client nbclient nbformat jupyter_server \
+	einops hjson msgpack ninja py-cpuinfo pydantic
+# DeepSpeed (tests/gpu/test_gpu_deepspeed.py) publishes no wheel: one is built here without its ops (DS_BUILD_OPS=0),
+# needing the packages above; ZeRO-2 with torch's AdamW compiles nothing on the GPU machine
+GPU_DEEPSPEED := deepspeed>=0.15
 GPU_WHEEL_PLATFORMS := --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
 	--platform manylinux2014_x86_64 --platform any
 # a Python 3.12 to check the set with (here: pyenv's); without one, pip's resolver checks it
@@ -110,12 +114,13 @@ gpu-wheels:
 	rm -rf $(GPU_WHEELS).new && mkdir -p $(GPU_WHEELS).new
 	python3 -m pip download -q --only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 \
 		$(GPU_WHEEL_PLATFORMS) -d $(GPU_WHEELS).new $(GPU_WHEEL_PACKAGES)
+	DS_BUILD_OPS=0 $(PY) -m pip wheel -q --no-deps --no-build-isolation -w $(GPU_WHEELS).new '$(GPU_DEEPSPEED)'
 	rm -rf $(GPU_WHEELS) && mv $(GPU_WHEELS).new $(GPU_WHEELS)
 	@echo "$(GPU_WHEELS): $$(ls $(GPU_WHEELS) | wc -l) wheels, $$(du -sh $(GPU_WHEELS) | cut -f1)"
 	@if [ -n "$(GPU_WHEELS_PY)" ] && $(GPU_WHEELS_PY) -c 'import sys; assert sys.version_info[:2] == (3, 12)'; then \
 		t=$$(mktemp -d) && $(GPU_WHEELS_PY) -m pip install -q --no-index --find-links $(GPU_WHEELS) --target $$t \
 			$(GPU_WHEEL_PACKAGES) && PYTHONPATH=$$t $(GPU_WHEELS_PY) -c 'import IPython, ipykernel, ipywidgets, \
-			jupyter_client, nbclient, nbformat; print("complete: installs with --no-index and imports under", \
+			jupyter_client, jupyter_server, nbclient, nbformat; print("complete: installs with --no-index and imports under", \
 			__import__("sys").version.split()[0])' ; s=$$?; rm -rf $$t; exit $$s; \
 	else \
 		python3 -m pip install -q --dry-run --no-index --find-links $(GPU_WHEELS) --python-version 3.12 \

@@ -8,9 +8,15 @@ import subprocess
 import sys
 import time
 
+import psutil
 from jupyter_client.manager import KernelManager
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the running template's pid, read without importing anything the kernel has not imported itself
+TEMPLATE_PID = (
+    "(lambda m: m and m.running_template() and m.running_template().pid)"
+    "(__import__('sys').modules.get('kernelside.engines.forkserver'))"
+)
 
 
 class Kernel:
@@ -38,6 +44,24 @@ class Kernel:
     @property
     def pid(self) -> int:
         return self.km.provisioner.process.pid
+
+    def template_pid(self) -> int | None:
+        """The pid of this kernel's forkserver template (kernelside/engines/forkserver.py), or None if none runs.
+
+        On a machine with an NVIDIA GPU ``%load_ext kernelside`` starts the template at once
+        (``prestart_if_useful``): it is a child of the kernel that no launch leaves behind. Asked as a user
+        expression of a cell that stores no history, so the notebook's execution count does not move."""
+        cell = Cell()
+        cell.msg_id = self.kc.execute("", silent=False, store_history=False, user_expressions={"pid": TEMPLATE_PID})
+        self.wait(cell, 30)
+        answer = cell.reply["user_expressions"]["pid"]
+        assert answer["status"] == "ok", answer
+        return eval(answer["data"]["text/plain"])
+
+    def children(self) -> list[psutil.Process]:
+        """The kernel's descendants but its forkserver template (its own children count): what launches left."""
+        template = self.template_pid()
+        return [c for c in psutil.Process(self.pid).children(recursive=True) if c.pid != template]
 
     def run(self, code: str, timeout: float = 120, *, on_output=None, on_input=None) -> Cell:
         """Execute ``code`` and wait for it; past ``timeout`` a TimeoutError whose ``cell`` has what it showed

@@ -98,7 +98,7 @@ def main() -> None:
         out["fail"] = shown(k.run(FAIL_FUNCTION, timeout=240))
         k.run("import ray; ray.shutdown()").ok()
         # a process ray.shutdown() just ended may still be waiting for its parent to reap it: give that 10 s
-        _, alive = psutil.wait_procs(psutil.Process(k.pid).children(recursive=True), timeout=10)
+        _, alive = psutil.wait_procs(k.children(), timeout=10)  # the forkserver template aside
         out["left"] = [d for d in map(_described, alive) if d is not None]
     finally:
         k.shutdown()

@@ -96,3 +96,22 @@ def test_on_device_script_refuses_and_still_writes_a_summary_saying_so(tmp_path)
     summary = (out / "summary.md").read_text()
     assert f"**{NO_CUDA}**" in summary and "Nothing was run: no test, no benchmark." in summary
     assert sorted(p.name for p in out.iterdir()) == ["summary.md"]  # no junit, no log: nothing ran
+
+
+def test_every_gpu_test_module_imports_and_collects_without_a_gpu():
+    """The kit cannot run here, but a GPU test that fails to import (a helper renamed on main, a syntax error)
+    would cost a GPU machine's time: without the refusing conftest, every module must collect cleanly."""
+    gpu_dir = os.path.join(REPO, "tests", "gpu")
+    env = {**_env(), "PYTHONPATH": os.pathsep.join((REPO, gpu_dir, os.path.dirname(gpu_dir)))}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "tests/gpu", "--collect-only", "-q", "--noconftest", "-p", "no:cacheprovider"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    modules = {line.split("::")[0] for line in run.stdout.splitlines() if "::" in line}
+    expected = {f"tests/gpu/{f}" for f in os.listdir(gpu_dir) if f.startswith("test_") and f.endswith(".py")}
+    assert modules == expected and len(expected) >= 6

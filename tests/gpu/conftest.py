@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -33,9 +34,20 @@ def _gpu_count() -> int:
     return torch.cuda.device_count()  # through NVML: CUDA stays uninitialized in this process
 
 
+STARTED = time.monotonic()  # when pytest loaded the kit: GPU_TESTS_BUDGET_S counts from here
+
+
 def pytest_sessionstart(session):
     if _gpu_count() == 0:
         pytest.exit(NO_CUDA, returncode=1)  # before any test module is imported or collected
+
+
+def pytest_runtest_setup(item):
+    """Past GPU_TESTS_BUDGET_S (set by on_device.sh below its hard cap), the tests left are skipped, said as such:
+    pytest then ends in time to write junit.xml, instead of being killed with every outcome lost."""
+    budget = os.environ.get("GPU_TESTS_BUDGET_S")
+    if budget and time.monotonic() - STARTED > float(budget):
+        pytest.skip(f"not run: the {budget} s this run gave the GPU tests were spent (a skip is not a pass)")
 
 
 @pytest.fixture(scope="session")

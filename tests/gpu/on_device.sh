@@ -7,11 +7,16 @@
 # 2. installs the wheels of .gpu-wheels/ (made by `make gpu-wheels`) that this python lacks, with
 #    --no-index --no-deps --target, and puts the checkout and that folder on PYTHONPATH;
 # 3. runs tests/gpu/ with a per-test timeout (junit.xml and pytest.log in OUTDIR);
-# 4. runs the GPU benchmarks bench/gpu_launch.py and bench/gpu_steady.py (bench.log);
+# 4. runs the GPU benchmarks (bench.log): bench/gpu_launch.py (launch cost, N = 1, NCCL, against torchrun
+#    and Accelerate's notebook_launcher), bench/gpu_steady.py (steady DDP steps/s against torchrun, paired,
+#    NCCL), and bench/gpu_steady.py --ranks-per-gpu 2 (two ranks sharing each card through gloo);
 # 5. writes OUTDIR/summary.md: pass/fail per test, versions, nvidia-smi, the bench tables.
-# Sized for about 6 minutes on one H200; each stage has a hard cap, so it ends within 8.
+# Sized for about 7 minutes on one H200. Each stage has a hard cap, and the whole run a deadline
+# (TOTAL_BUDGET_S): a benchmark gets at most what is left of it and is skipped under 20 s, so the run
+# ends within 8 minutes, leaving a 15-minute device budget room for one rerun.
 # Environment: PY (python3), GPU_WHEELS (.gpu-wheels), GPU_TEST_TIMEOUT (120 s per test),
-# TESTS_BUDGET_S (240), LAUNCH_BENCH_BUDGET_S (90), STEADY_BENCH_BUDGET_S (120), SKIP_BENCH=1.
+# TOTAL_BUDGET_S (465), TESTS_BUDGET_S (270: no test starts after 210 s, so pytest ends and writes junit.xml),
+# LAUNCH_BENCH_BUDGET_S (40), STEADY_BENCH_BUDGET_S (95), SHARED_BENCH_BUDGET_S (45), SKIP_BENCH=1.
 set -u -o pipefail
 OUT=${1:?usage: bash tests/gpu/on_device.sh OUTDIR}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -63,8 +68,9 @@ else
     stage install skipped "no $WHEELS folder: IPython/Jupyter tests need it (make gpu-wheels, then carry it)"
 fi
 export PYTHONPATH="$REPO:$SITE${PYTHONPATH:+:$PYTHONPATH}"
-if "$PY" -c "import IPython, ipykernel, ipywidgets, jupyter_client, nbclient, nbformat, pynvml" 2>"$WORK/import.err"; then
-    stage imports ok "IPython, ipykernel, ipywidgets, jupyter_client, nbclient, nbformat, pynvml import"
+if "$PY" -c "import IPython, ipykernel, ipywidgets, jupyter_client, jupyter_server, nbclient, nbformat, pynvml" \
+    2>"$WORK/import.err"; then
+    stage imports ok "IPython, ipykernel, ipywidgets, jupyter_client, jupyter_server, nbclient, nbformat, pynvml import"
 else
     stage imports FAILED "$(tail -n 1 "$WORK/import.err")"
 fi
@@ -72,22 +78,34 @@ fi
 # 3. the GPU tests
 t0=$SECONDS
 # only pytest-timeout among the machine's pytest plugins: none of the others can touch CUDA in the test process
-PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 capped "${TESTS_BUDGET_S:-240}" "$OUT/pytest.log" "$PY" -m pytest tests/gpu \
+export GPU_TESTS_BUDGET_S=$((${TESTS_BUDGET_S:-270} - 60))  # tests/gpu/conftest.py skips what would start later
+PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 capped "${TESTS_BUDGET_S:-270}" "$OUT/pytest.log" "$PY" -m pytest tests/gpu \
     -p pytest_timeout -p no:cacheprovider -rA --timeout="${GPU_TEST_TIMEOUT:-120}" --junitxml="$OUT/junit.xml"
 rc=$?
 case $rc in
     0) stage "tests/gpu" passed "$((SECONDS - t0))s" ;;
-    124 | 137) stage "tests/gpu" "TIMED OUT" "stopped after ${TESTS_BUDGET_S:-240}s; see pytest.log" ;;
+    124 | 137) stage "tests/gpu" "TIMED OUT" "stopped after ${TESTS_BUDGET_S:-270}s; see pytest.log" ;;
     *) stage "tests/gpu" FAILED "pytest exit status $rc after $((SECONDS - t0))s" ;;
 esac
 status=$rc
 
-# 4. the GPU benchmarks
+# 4. the GPU benchmarks: name|cap (s)|arguments; each is told to start no round past its cap less 12 s
+TOTAL=${TOTAL_BUDGET_S:-465}
+BENCHES="gpu_launch|${LAUNCH_BENCH_BUDGET_S:-40}|--runs 3
+gpu_steady|${STEADY_BENCH_BUDGET_S:-95}|--pairs 4 --steps 60
+gpu_steady shared|${SHARED_BENCH_BUDGET_S:-45}|--ranks-per-gpu 2 --pairs 2 --steps 10 --warmup 3"
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
-    for bench in gpu_launch:"${LAUNCH_BENCH_BUDGET_S:-90}" gpu_steady:"${STEADY_BENCH_BUDGET_S:-120}"; do
-        name=${bench%%:*} cap=${bench##*:} t0=$SECONDS
-        echo "=== bench.$name ===" >>"$OUT/bench.log"
-        capped "$cap" "$OUT/bench.log" "$PY" -m "bench.$name"
+    while IFS='|' read -r name cap args; do
+        left=$((TOTAL - SECONDS))
+        [ "$cap" -le "$left" ] || cap=$left
+        if [ "$cap" -lt 20 ]; then
+            stage "bench.$name" skipped "only ${left}s left of the ${TOTAL}s run"
+            continue
+        fi
+        t0=$SECONDS
+        echo "=== bench.$name $args ===" >>"$OUT/bench.log"
+        # shellcheck disable=SC2086  # $args is several words
+        capped "$cap" "$OUT/bench.log" "$PY" -m "bench.${name%% *}" $args --budget-s $((cap - 12))
         rc=$?
         case $rc in
             0) stage "bench.$name" ok "$((SECONDS - t0))s" ;;
@@ -95,7 +113,7 @@ if [ "${SKIP_BENCH:-0}" != 1 ]; then
             *) stage "bench.$name" FAILED "exit status $rc; see bench.log" ;;
         esac
         [ $rc -eq 0 ] || [ $status -ne 0 ] || status=$rc
-    done
+    done <<<"$BENCHES"
 fi
 
 stage total done "${SECONDS}s"

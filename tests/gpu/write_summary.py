@@ -18,7 +18,12 @@ import sys
 import xml.etree.ElementTree as ET
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-BENCHES = ("gpu_launch", "gpu_steady")
+# result file (bench/results/NAME.md) -> the command that writes it
+BENCHES = {
+    "gpu_launch": "bench/gpu_launch.py",
+    "gpu_steady": "bench/gpu_steady.py",
+    "gpu_steady-shared": "bench/gpu_steady.py --ranks-per-gpu 2",
+}
 
 _VERSIONS = r"""
 import importlib.metadata, importlib.util, platform, sys
@@ -96,13 +101,13 @@ def _commit() -> str:
 
 def bench_tables(since: float) -> list[str]:
     out = []
-    for name in BENCHES:
+    for name, command in BENCHES.items():
         path = os.path.join(REPO, "bench", "results", f"{name}.md")
         if os.path.exists(path) and os.path.getmtime(path) >= since:
             with open(path) as fh:
-                out += [f"### bench/{name}.py", "", fh.read().strip(), ""]
+                out += [f"### {command}", "", fh.read().strip(), ""]
         else:
-            out += [f"### bench/{name}.py", "", "not measured in this run (see the stages above and bench.log)", ""]
+            out += [f"### {command}", "", "not measured in this run (see the stages above and bench.log)", ""]
     return out
 
 
