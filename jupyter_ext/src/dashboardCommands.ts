@@ -6,13 +6,24 @@
  * Example: app.commands.execute('nblaunch:open-run-dashboard', { run: 'run-20250101-120000-ab12cd34' })
  */
 
-import { JupyterFrontEnd } from '@jupyterlab/application';
-import { Dialog, InputDialog, showDialog } from '@jupyterlab/apputils';
+import { ILayoutRestorer, JupyterFrontEnd } from '@jupyterlab/application';
+import {
+  Dialog,
+  InputDialog,
+  MainAreaWidget,
+  showDialog,
+  WidgetTracker
+} from '@jupyterlab/apputils';
 import { NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { runName } from './dashboardModel';
-import { createDashboardWidget, dashboardWidgetId, IDashboardActions } from './dashboardView';
+import {
+  createDashboardWidget,
+  DASHBOARD_PREFIX,
+  dashboardWidgetId,
+  IDashboardActions
+} from './dashboardView';
 import { listenToLinks } from './linkClicks';
 import { RUN_ID } from './logCommands';
 import { formatElapsed, RunsModel } from './runsModel';
@@ -26,8 +37,11 @@ export function addOpenDashboardCommand(
   id: string,
   runs: RunsModel,
   icon: LabIcon,
-  actions: Omit<IDashboardActions, 'openCell'>
+  actions: Omit<IDashboardActions, 'openCell'>,
+  restorer: ILayoutRestorer | null
 ): void {
+  // Open dashboards come back after a page reload, as the lab's own tabs do.
+  const tracker = new WidgetTracker<MainAreaWidget>({ namespace: 'nblaunch-dashboard' });
   const dashboardActions: IDashboardActions = {
     ...actions,
     openCell: (notebook, cell) => void showCell(app, notebook, cell)
@@ -43,10 +57,17 @@ export function addOpenDashboardCommand(
       const widgetId = dashboardWidgetId(run);
       const open = Array.from(app.shell.widgets('main')).find(w => w.id === widgetId);
       if (!open) {
-        app.shell.add(createDashboardWidget(run, runs, dashboardActions, icon), 'main');
+        const widget = createDashboardWidget(run, runs, dashboardActions, icon);
+        app.shell.add(widget, 'main');
+        void tracker.add(widget);
       }
       app.shell.activateById(widgetId);
     }
+  });
+  void restorer?.restore(tracker, {
+    command: id,
+    args: widget => ({ run: widget.id.replace(DASHBOARD_PREFIX, '') }),
+    name: widget => widget.id
   });
   listenToLinks(
     RUN_LINK,

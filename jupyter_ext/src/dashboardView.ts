@@ -28,14 +28,16 @@ export interface IDashboardActions {
   openLog(runId: string, rank: number): void;
   /** Show that cell of that notebook (opening the notebook if it is not open). */
   openCell(notebook: string, cell: number): void;
-  /** The dashboard is shown: make sure the runs are polled. */
-  watch(): void;
+  /** A dashboard opened or closed: poll the runs while one is open (or the sidebar is shown). */
+  watchChanged(): void;
 }
 
 /** The tab's DOM id for one run, so opening it again shows the open tab. */
 export function dashboardWidgetId(runId: string): string {
-  return `nblaunch-dashboard-${runId}`;
+  return `${DASHBOARD_PREFIX}${runId}`;
 }
+
+export const DASHBOARD_PREFIX = 'nblaunch-dashboard-';
 
 const SVG = 'http://www.w3.org/2000/svg';
 
@@ -80,7 +82,7 @@ class DashboardContent extends Widget {
 
   protected onAfterAttach(): void {
     void this._runs.watch(this.runId);
-    this._actions.watch();
+    this._actions.watchChanged();
   }
 
   dispose(): void {
@@ -89,6 +91,7 @@ class DashboardContent extends Widget {
     }
     this._unsubscribe();
     this._runs.unwatch(this.runId);
+    this._actions.watchChanged();
     super.dispose();
   }
 

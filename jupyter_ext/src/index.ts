@@ -70,10 +70,17 @@ const plugin: JupyterFrontEndPlugin<void> = {
       const summary = panel.runs.run(run);
       return summary ? logTabTitle(summary, rank) : `${run} · rank ${rank}`;
     });
-    addOpenDashboardCommand(app, CommandIDs.openDashboard, panel.runs, launchIcon, {
-      openLog: (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }),
-      watch: () => panel.watchRuns()
-    });
+    addOpenDashboardCommand(
+      app,
+      CommandIDs.openDashboard,
+      panel.runs,
+      launchIcon,
+      {
+        openLog: (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }),
+        watchChanged: () => panel.watchRuns()
+      },
+      restorer
+    );
     listenToLogLinks((run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }));
     // A cell that runs may start a launch: watch the run folders until it is done.
     NotebookActions.executionScheduled.connect((_, { cell }) => {

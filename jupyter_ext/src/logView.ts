@@ -10,6 +10,7 @@ import { MainAreaWidget } from '@jupyterlab/apputils';
 import { Widget } from '@lumino/widgets';
 
 import { h } from './dom';
+import { launchIcon } from './icon';
 import { ILogLine, LogFollower, searchLines, stampText } from './logFollower';
 import { POLL_MS } from './runsModel';
 import { fetchLog } from './request';
@@ -157,6 +158,7 @@ export function createLogWidget(
   const widget = new MainAreaWidget({ content: new LogContent(runId, rank) });
   widget.id = logWidgetId(runId, rank);
   widget.title.label = title;
+  widget.title.icon = launchIcon;
   widget.title.caption = `rank${rank}.log of ${runId}`;
   widget.title.closable = true;
   return widget;

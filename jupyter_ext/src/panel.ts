@@ -93,6 +93,8 @@ export class LaunchPanel extends Widget {
   watchRuns(): void {
     if (this.isVisible || this.runs.watched.size > 0) {
       void this.poller.start();
+    } else {
+      this.poller.stop();
     }
   }
 

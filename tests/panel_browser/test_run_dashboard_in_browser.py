@@ -221,8 +221,8 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         _tab(page, "train.ipynb").click()
         page.locator(".jp-NotebookPanel .jp-Cell").nth(2).click()
         page.keyboard.press("Shift+Enter")
-        link = page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]')
-        link.click()
+        # the first such link is the status line's once it links the run, else the one cell 3 shows
+        page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first.click()
         expect(dash.locator(".nblaunch-dash-name")).to_have_text(name)
         expect(dash).to_be_visible()
         snapshot(page, "dashboard-stopped.png")
