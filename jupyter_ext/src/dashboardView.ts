@@ -74,6 +74,11 @@ class DashboardContent extends Widget {
       this._facts,
       h('h3', { class: 'nblaunch-dash-subtitle' }, 'Ranks'),
       this._table,
+      h(
+        'p',
+        { class: 'nblaunch-help nblaunch-dash-chart-help' },
+        'Each chart is one rank over the run so far, sampled about once a second while it is watched; hover it for its lowest and peak values.'
+      ),
       this._stacks
     );
     this._unsubscribe = _runs.onChange(() => this.render());

@@ -222,10 +222,17 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         page.locator(".jp-NotebookPanel .jp-Cell").nth(2).click()
         page.keyboard.press("Shift+Enter")
         # the first such link is the status line's once it links the run, else the one cell 3 shows
-        page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first.click()
+        saved = lambda r: "/api/workspaces" in r.url and r.request.method == "PUT"  # noqa: E731
+        with page.expect_response(saved):  # the lab saved its layout with the dashboard in it
+            page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first.click()
         expect(dash.locator(".nblaunch-dash-name")).to_have_text(name)
         expect(dash).to_be_visible()
         snapshot(page, "dashboard-stopped.png")
+
+        # an open dashboard comes back after a page reload, with its ended run's figures
+        page.reload()
+        expect(dash.locator(".nblaunch-dash-name")).to_have_text(name)
+        expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped")
     finally:
         snapshot(page, "dashboard-last-page.png")
     for shot in ("sidebar.png", "dashboard.png", "dashboard-log.png"):
