@@ -166,25 +166,28 @@ export class LaunchPanel extends Widget {
       this._drawForm();
       const count = Object.keys(response.values).length;
       const notes = response.warnings.length ? ` (${response.warnings.join('; ')})` : '';
-      this._say(`Imported ${count} settings from ${response.source}; Save to keep them.${notes}`);
+      this._say(
+        `Imported ${count} settings from ${response.source}; Save to keep them.${notes}`,
+        () => !this.model.isDirty()
+      );
     } catch (error) {
       this._reportError(error);
     }
   }
 
-  async exportTo(path: string): Promise<void> {
+  /** Write an Accelerate config file; returns the message the Accelerate section shows beside Export. */
+  async exportTo(path: string): Promise<string> {
     if (this.model.hasErrors) {
-      this._say(FIX_FIRST, () => !this.model.hasErrors);
-      return;
+      return FIX_FIRST;
     }
     try {
       const response = await requestAPI<IExportResponse>('accelerate/export', {
         method: 'POST',
         body: { path, values: this.model.payload() }
       });
-      this._say(`Wrote ${response.display_path}. Use it with: ${response.command}`);
+      return `Wrote ${response.display_path}. Use it with: ${response.command}`;
     } catch (error) {
-      this._reportError(error);
+      return error instanceof Error ? error.message : String(error);
     }
   }
 
