@@ -6,7 +6,8 @@
 Measured for each launcher, as medians over the runs after one warm-up launch:
 - start-up: from the call until every rank runs user code with the process group up;
 - end to end: the whole call for a trivial function (init, barrier, return).
-Launchers: nblaunch (fork, spawn), torch.multiprocessing.start_processes (fork, spawn) with the
+Launchers: nblaunch (fork, forkserver: forked from a template process that holds torch, spawn),
+torch.multiprocessing.start_processes (fork, spawn) with the
 process-group set-up written by hand, torchrun on an equivalent script, and Accelerate's
 notebook_launcher when installed.
 
@@ -246,6 +247,7 @@ def main() -> int:
         have_accelerate = False
     launchers = {
         "nblaunch fork": lambda n, d: run_nblaunch(n, d, "fork"),
+        "nblaunch forkserver": lambda n, d: run_nblaunch(n, d, "forkserver"),
         "nblaunch spawn": lambda n, d: run_nblaunch(n, d, "spawn"),
         "torch.multiprocessing fork": lambda n, d: run_mp(n, d, "fork"),
         "torch.multiprocessing spawn": lambda n, d: run_mp(n, d, "spawn"),

@@ -101,12 +101,12 @@ def rounds(n: int, count: int):
     import torch.distributed as dist
 
     from kernelside import log_metrics
-    from kernelside.worker import metric_capture
+    from kernelside.worker import import_patches
 
     if dist.get_rank() != 0:
         return None
     callers = _callers(tempfile.mkdtemp())
-    assert metric_capture._FINDER in sys.meta_path, "the capture is not installed in this rank"
+    assert import_patches._FINDER in sys.meta_path, "the capture is not installed in this rank"
     loss = torch.tensor(0.5)
     times: dict[str, list[float]] = {"log_metrics": [], "log_metrics tensor": []}
     times.update({f"{name}: {kind}": [] for name in LOGGERS for kind in KINDS})

@@ -156,6 +156,13 @@ class ConfigStore:
             raise PanelRequestError(400, f"{path}: {e}") from None
         except (ValueError, TypeError, UnicodeDecodeError) as e:
             raise PanelRequestError(400, f"{path} is not an Accelerate config: {e}") from None
+        if imported.invalid:
+            listing = "; ".join(str(e).removesuffix(" Nothing was started.") for e in imported.invalid.values())
+            raise PanelRequestError(
+                400,
+                f"{path} was not imported: {listing}. Fix the file, or set these fields here.",
+                fields={k: e.allowed_message for k, e in imported.invalid.items()},
+            )
         return {"source": str(path), "values": imported.values, "warnings": imported.warnings}
 
     def export_accelerate(self, body: dict) -> dict:
@@ -220,7 +227,9 @@ def _load_accelerate(path: Path) -> _LoadedFile:
         imported = accelerate_config.import_accelerate(path)
     except (OSError, ValueError, TypeError, UnicodeDecodeError) as e:
         return _LoadedFile(warnings=[f"Accelerate's config {path} could not be read ({e}); showing defaults."])
-    return _LoadedFile(imported.values, {}, imported.warnings)
+    shown = {**imported.values, **{k: _jsonable(e.value) for k, e in imported.invalid.items()}}
+    errors = {k: e.allowed_message for k, e in imported.invalid.items()}
+    return _LoadedFile(shown, {}, imported.warnings, errors)
 
 
 def _jsonable(value):

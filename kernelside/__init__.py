@@ -63,6 +63,9 @@ def _warm_up_after_this_cell(*_args) -> None:
     import nor %load_ext competes with it), while the user works on the next cells."""
     sys.modules["IPython"].get_ipython().events.unregister("post_run_cell", _warm_up_after_this_cell)
     _warmup.start()  # what forked ranks inherit
+    from .engines import forkserver
+
+    forkserver.prestart_if_useful()  # what ranks started after CUDA is up are forked from
 
 
 if _in_jupyter_kernel():

@@ -31,11 +31,14 @@ def __getattr__(name: str):
 class LaunchConfigError(_ShortTraceback, ValueError):
     """A launch argument, magic flag or config value is invalid; nothing was started.
 
-    ``key``, ``value`` and ``allowed`` name the offending setting, ``path`` the file it came from.
+    ``key``, ``value`` and ``allowed`` name the offending setting, ``path`` the file it came from, ``source``
+    any other place it came from (``the flag --port``, ``notebook_launcher(use_port=...)``).
     """
 
-    def __init__(self, key, value, allowed, *, message: str | None = None, path: Path | None = None):
-        self.key, self.value, self.allowed, self.path = key, value, allowed, path
+    def __init__(
+        self, key, value, allowed, *, message: str | None = None, path: Path | None = None, source: str | None = None
+    ):
+        self.key, self.value, self.allowed, self.path, self.source = key, value, allowed, path, source
         self._message = message
         super().__init__()
 
@@ -48,7 +51,7 @@ class LaunchConfigError(_ShortTraceback, ValueError):
     def __str__(self):
         if self._message:
             return self._message
-        where = f" (in {self.path})" if self.path else ""
+        where = f" (in {self.path})" if self.path else f" (from {self.source})" if self.source else ""
         return f"invalid {self.key}={self.value!r}{where}: allowed is {self.allowed}. Nothing was started."
 
 
@@ -57,8 +60,8 @@ class LaunchError(_ShortTraceback, RuntimeError):
 
 
 class CellInterrupted(_ShortTraceback, KeyboardInterrupt):
-    """■ on a live session's cell: a KeyboardInterrupt whose message says what happened to the ranks
-    (IPython shows it at once, instead of formatting the stack of nblaunch's loop)."""
+    """■ during a run (a one-shot launch or a live session's cell): a KeyboardInterrupt whose message says what
+    happened to the ranks (IPython shows it at once, instead of formatting the stack of nblaunch's loop)."""
 
 
 # What the notebook shows as the error's name: it is a KeyboardInterrupt, and is caught as one.

@@ -10,6 +10,7 @@ import os
 import sys
 import tempfile
 import threading
+import time
 
 import psutil
 from kernel import Kernel
@@ -17,7 +18,7 @@ from kernel import Kernel
 SETUP = """
 %load_ext kernelside
 import torch.distributed as dist
-from kernelside import notebook_launcher, WorkerError
+from kernelside import notebook_launcher, WorkerError, last_report
 def train(fail_rank):
     import torch, torch.distributed as dist
     rank = dist.get_rank()
@@ -27,6 +28,32 @@ def train(fail_rank):
     t = torch.tensor([float(rank)])
     dist.all_reduce(t)
     return t.item(), dist.get_world_size()
+def bars(n):
+    import torch.distributed as dist
+    from kernelside import log_metrics, progress
+    rank = dist.get_rank()
+    for i in progress(range(n), desc=f"bar of rank {rank}"):
+        log_metrics(step=i, loss=float(rank * 100 + i))
+    dist.barrier()
+    return rank
+def sleeper():
+    import time
+    print("sleeping", flush=True)
+    time.sleep(120)
+"""
+
+EVENTS = (
+    "notebook_launcher(bars, args=(5,), num_processes=2, num_nodes=2, node_rank={node}, rdzv_backend='c10d', "
+    "rdzv_endpoint='127.0.0.1:{port}', rdzv_id='events', config={config!r})"
+)
+TIMEOUT = (
+    "notebook_launcher(sleeper, num_processes=2, num_nodes=2, node_rank={node}, rdzv_backend='c10d', "
+    "rdzv_endpoint='127.0.0.1:{port}', rdzv_id='timeout', timeout=4)"
+)
+REPORT = """import json
+r = last_report()
+print(json.dumps({"outcome": r.outcome, "progress": r.event_counts.get("progress", 0),
+                  "metric_ranks": sorted({p["rank"] for p in r.metrics}), "wall_s": r.wall_s}))
 """
 
 CALL = (
@@ -43,6 +70,8 @@ print(f"cell rank {{rank}} of {{world_size}} sum {{t.item()}}", flush=True)
 world_size
 """
 
+EVENTS_CONFIG = os.path.join(tempfile.gettempdir(), f"nblaunch-test-events-{os.getpid()}.yaml")
+
 CONFIG = """num_machines: 2
 machine_rank: {node}
 num_processes: 4
@@ -52,11 +81,11 @@ rdzv_backend: c10d
 """
 
 
-def both(kernels, port: int, fail: int, run_id: str, cell: bool = False) -> list[dict]:
+def both(kernels, port: int, fail: int, run_id: str, cell: bool = False, call: str = CALL) -> list[dict]:
     cells: list = [None, None]
 
     def one(node):
-        code = CALL.format(fail=fail, node=node, port=port, run_id=run_id)
+        code = call.format(fail=fail, node=node, port=port, run_id=run_id, config=EVENTS_CONFIG)
         if cell:  # the panel's multi-machine fields, read from each machine's nblaunch.yaml
             path = os.path.join(tempfile.gettempdir(), f"nblaunch-test-node{node}-{os.getpid()}.yaml")
             with open(path, "w") as fh:
@@ -78,25 +107,58 @@ def both(kernels, port: int, fail: int, run_id: str, cell: bool = False) -> list
             "stdout": c.stdout,
             "result": (c.result or {}).get("text/plain"),
             "error": [c.error["ename"], c.error["evalue"]] if c.error else None,
+            "bars": _bar_descriptions(c),
+            "report": json.loads(kernels[node].run(REPORT).ok().stdout),
         }
-        for c in cells
+        for node, c in enumerate(cells)
     ]
+
+
+def _bar_descriptions(cell) -> list[str]:
+    """The descriptions of the progress-bar widgets the cell's kernel drew (from its comm messages)."""
+    found = set()
+    for kind, content in cell.messages:
+        if kind in ("comm_open", "comm_msg"):
+            state = content.get("data", {}).get("state", {})
+            if state.get("_model_name") in ("FloatProgressModel", "IntProgressModel") or "bar_style" in state:
+                if state.get("description"):
+                    found.add(state["description"])
+    return sorted(found)
 
 
 def main() -> None:
     port = int(sys.argv[1])
     kernels = [Kernel(), Kernel()]
+    with open(EVENTS_CONFIG, "w") as fh:
+        fh.write("progress: all\n")
     try:
         for k in kernels:
             k.run(SETUP).ok()
         ok = both(kernels, port, -1, "ok")
         failed = both(kernels, port, 3, "fail")
         cell = both(kernels, port, -1, "cell", cell=True)
+        events = both(kernels, port, -1, "events", call=EVENTS)
+        t0 = time.monotonic()
+        timeout = both(kernels, port, -1, "timeout", call=TIMEOUT)
+        timeout_s = time.monotonic() - t0
         left = [[p.cmdline() for p in psutil.Process(k.pid).children(recursive=True)] for k in kernels]
     finally:
+        os.unlink(EVENTS_CONFIG)
         for k in kernels:
             k.shutdown()
-    print(json.dumps({"ok": ok, "failed": failed, "cell": cell, "left": left}))
+    print(
+        json.dumps(
+            {
+                "ok": ok,
+                "failed": failed,
+                "cell": cell,
+                "events": events,
+                "timeout": timeout,
+                "timeout_s": timeout_s,
+                "left": left,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -97,10 +97,21 @@ def main() -> None:
         out["metrics"] = shown(k.run("print(len(kernelside_report().metrics), kernelside_report().event_counts)"))
         out["fail"] = shown(k.run(FAIL_FUNCTION, timeout=240))
         k.run("import ray; ray.shutdown()").ok()
-        out["left"] = [p.cmdline()[:2] for p in psutil.Process(k.pid).children(recursive=True)]
+        # a process ray.shutdown() just ended may still be waiting for its parent to reap it: give that 10 s
+        _, alive = psutil.wait_procs(psutil.Process(k.pid).children(recursive=True), timeout=10)
+        out["left"] = [d for d in map(_described, alive) if d is not None]
     finally:
         k.shutdown()
     print(json.dumps(out))
+
+
+def _described(proc: psutil.Process) -> list | None:
+    try:
+        return proc.cmdline()[:2]
+    except psutil.ZombieProcess:
+        return ["<zombie never reaped>", proc.pid]
+    except psutil.NoSuchProcess:
+        return None  # gone since
 
 
 if __name__ == "__main__":

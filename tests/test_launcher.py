@@ -85,7 +85,7 @@ def test_workers_see_the_torchrun_environment_contract(method):
         assert env["MASTER_ADDR"] == "127.0.0.1"
         assert env["MASTER_PORT"] == str(last_report().port)
         assert env["ACCELERATE_MIXED_PRECISION"] == "bf16"
-        assert env["ACCELERATE_USE_CPU"] == "true"
+        assert env["ACCELERATE_USE_CPU"] == "True"  # as accelerate launch exports it for a MULTI_CPU config
         assert env["GLOO_SOCKET_IFNAME"] == "lo"
         assert r["initialized"] is True
         assert r["executable"] == sys.executable
@@ -297,7 +297,7 @@ def takes_model(model, lr):
         ({"num_processes": 2, "mixed_precision": "fp9"}, "invalid mixed_precision='fp9'"),
         ({"num_processes": 2, "gpu_ids": "0"}, "GPU 0 is not present"),
         ({"num_processes": 2, "backend": "nccl"}, "backend='nccl' needs one GPU per rank"),
-        ({"num_processes": 2, "start_method": "forkserver"}, "invalid start_method='forkserver'"),
+        ({"num_processes": 2, "start_method": "threads"}, "invalid start_method='threads'"),
         ({"num_processes": 2, "output": "some"}, "invalid output='some'"),
     ],
 )

@@ -110,7 +110,10 @@ CELLS = [
     ACCELERATE,
     "summary('accelerate')",
     ACCELERATE_TRACKER,
-    "summary('tracker'); print('tracker files', bool(os.listdir(os.path.join(tb_dir, 'acc'))))",
+    "summary('tracker'); print('tracker files', bool(os.listdir(os.path.join(tb_dir, 'acc'))))\n"
+    "from tensorboard.backend.event_processing.event_accumulator import EventAccumulator\n"
+    "runs = [d for d, _, fs in os.walk(os.path.join(tb_dir, 'acc')) if any(f.startswith('events.') for f in fs)]\n"
+    "print('tracker runs', len(runs), [e.step for e in EventAccumulator(runs[0]).Reload().Scalars('acc_loss')])",
     WRITER,
     "summary('writer')\nprint('event files', [bool(os.listdir(os.path.join(tb_dir, f'sw{r}'))) for r in (0, 1)])",
     TRAINER,
@@ -171,6 +174,8 @@ def test_accelerate_log_without_trackers_draws_the_chart_and_keeps_the_history(n
 def test_accelerate_tracker_still_writes_and_each_point_is_recorded_once(notebook):
     assert _history(notebook, 4, "tracker") == [{"step": s, "acc_loss": 2.0 - 0.25 * s} for s in range(5)]
     assert "tracker files True" in _text(notebook, 4)
+    # one run directory (rank 0's tracker), every step in its event file once: nothing written twice
+    assert "tracker runs 1 [0, 1, 2, 3, 4]" in _text(notebook, 4)
 
 
 def test_summary_writer_add_scalar_draws_the_chart_and_still_writes_event_files(notebook):

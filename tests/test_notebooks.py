@@ -35,6 +35,11 @@ def test_quickstart_trains_on_two_workers_and_shows_bars_and_a_loss_chart(tmp_pa
         if m["model_name"] == "HTMLModel"
     )
     assert os.path.exists(out)
+    # it ends with what it promises: the report with each rank's log linked, then the metrics history
+    last_html = nb.cells[-3].outputs[0]["data"]["text/html"]
+    assert last_html.count('class="nblaunch-log-link"') == 2 and "rank1.log</a>" in last_html
+    history = nb.cells[-1].outputs
+    assert "32 points, loss from" in history[0]["text"] and "<table" in history[1]["data"]["text/html"]
 
 
 def test_accelerate_notebook_sees_multi_cpu_two_processes_bf16(tmp_path):
@@ -133,3 +138,12 @@ def test_sharded_and_loggers_notebook_returns_the_whole_fsdp_model_and_charts_wr
     charts = [c for c in charts if c.startswith("<svg")]
     assert any("train/loss: last" in c and "(150 points)" in c and "train/lr: last" in c for c in charts)
     assert any("grad_norm: last" in c and "(20 points)" in c and "train_runtime</tspan>" in c for c in charts)
+
+
+def test_deepspeed_notebook_runs_deepspeed_engine_from_the_config_and_from_a_plugin_and_refuses_fp16(tmp_path):
+    _, nb = execute_nb.execute(os.path.join(REPO, "notebooks", "deepspeed.ipynb"), str(tmp_path))
+    text = _text(nb)
+    assert "DeepSpeedEngine with DeepSpeedZeroOptimizer on 2 ranks" in text
+    assert "ZeRO-2 losses: [" in text
+    assert "DeepSpeedEngine with DeepSpeedZeroOptimizer_Stage3" in text
+    assert "refused: DeepSpeed on CPU runs fp16 only where" in text or "fp16 ran: this CPU has fp16 kernels" in text

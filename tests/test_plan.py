@@ -35,7 +35,7 @@ def test_cpu_machine_uses_gloo_two_workers_and_cpu_devices():
     assert (p.num_processes, p.backend, p.start_method) == (2, "gloo", "fork")
     assert [p.device_for(r) for r in range(2)] == ["cpu", "cpu"]
     env = p.env_for(1, 29555)
-    assert env["ACCELERATE_USE_CPU"] == "true"
+    assert env["ACCELERATE_USE_CPU"] == "True"  # as accelerate launch exports it for a MULTI_CPU config
     assert "CUDA_VISIBLE_DEVICES" not in env
 
 
@@ -82,11 +82,20 @@ def test_missing_gpu_id_names_what_exists():
         plan(gpus=2, gpu_ids="0,5")
 
 
-def test_cuda_initialized_in_kernel_switches_to_spawn_and_says_where():
+def test_cuda_initialized_in_kernel_switches_to_the_forkserver_and_says_where():
     p = plan(gpus=2, cuda_initialized=True, site="cell In[4], line 2: x = torch.ones(1).cuda()")
-    assert p.start_method == "spawn"
-    assert "CUDA was initialized in this kernel at cell In[4], line 2" in p.start_reason
-    assert "restart the kernel" in p.start_reason
+    assert p.start_method == "forkserver"
+    assert "using the forkserver, not fork, because CUDA was initialized in this kernel at cell In[4], line 2" in (
+        p.start_reason
+    )
+    assert p.notices[0] == p.start_reason  # the one-line notice of the launch
+
+
+def test_forkserver_and_spawn_asked_for_are_kept_and_forkserver_across_machines_becomes_spawn():
+    assert plan(start_method="forkserver").start_method == "forkserver"
+    assert plan(gpus=1, cuda_initialized=True, start_method="spawn").start_method == "spawn"
+    across = plan(start_method="forkserver", num_machines=2, num_processes=4, main_process_ip="10.0.0.1")
+    assert across.start_method == "spawn"  # torch's elastic launcher starts those ranks
 
 
 def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
@@ -96,6 +105,7 @@ def test_fork_with_cuda_initialized_is_a_clear_error_naming_the_site():
 
 def test_accelerate_variables_follow_the_config():
     p = plan(
+        gpus=2,  # Accelerate runs FSDP on GPUs only; without them the launch is refused (test_accelerate_env.py)
         mixed_precision="fp16",
         dynamo_config={"dynamo_backend": "INDUCTOR"},
         fsdp_config={"fsdp_sharding_strategy": "FULL_SHARD", "fsdp_offload_params": False},
@@ -173,10 +183,10 @@ def test_more_ranks_than_gpus_says_once_why_gloo_and_not_nccl():
         assert not q.backend_reason.startswith("nblaunch:"), q.backend_reason
 
 
-def test_cuda_driver_initialized_below_torch_is_named_as_such_in_spawn_and_fork_messages():
+def test_cuda_driver_initialized_below_torch_is_named_as_such_in_forkserver_and_fork_messages():
     site = f"{cuda_guard.BELOW_TORCH}: the CUDA driver (/usr/lib/libcuda.so.1) was initialized outside torch.cuda"
     p = plan(gpus=1, cuda_initialized=True, site=site)
-    assert p.start_method == "spawn"
+    assert p.start_method == "forkserver"
     assert "CUDA was initialized in this kernel by a library below torch: the CUDA driver" in p.start_reason
     with pytest.raises(LaunchConfigError, match="already initialized in this kernel by a library below torch"):
         plan(gpus=1, cuda_initialized=True, site=site, start_method="fork")

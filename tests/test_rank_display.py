@@ -58,6 +58,29 @@ print("after")
     assert "html from rank 1" not in str(cell.outputs)  # rank 1's displays stay in its own log
 
 
+def test_c_level_output_written_before_a_display_lands_before_it(kernel):
+    # bytes written past Python's streams (os.write on fd 1, C's printf) go through the same pipe as the
+    # mark the display is sent after, so the rank's reader puts them in order exactly
+    cell = kernel.run("""%%distributed -n 2
+import ctypes, os
+libc = ctypes.CDLL(None)
+for i in range(40):
+    os.write(1, f"fd write {i}\\n".encode())
+    libc.printf(f"printf {i}\\n".encode())
+    display(HTML(f"<b>shown {i}</b>"))
+_ = os.write(1, b"fd write end\\n")
+""").ok()
+    outs = _rank_outputs(cell)
+    seen = []
+    for kind, c in outs:
+        if kind == "stream":
+            seen += [line for line in c["text"].splitlines() if line]
+        else:
+            seen.append(c["data"].get("text/html", c["data"]))
+    expected = [x for i in range(40) for x in (f"fd write {i}", f"printf {i}", f"<b>shown {i}</b>")]
+    assert seen == expected + ["fd write end"]
+
+
 def test_prints_and_displays_in_a_tight_loop_keep_their_order(kernel):
     cell = kernel.run("""%%distributed -n 2
 if rank == 0:

@@ -61,8 +61,12 @@ def test_stacks_of_a_running_cell_name_its_lines_the_notebook_function_and_the_b
         with RunDir.open(str(folder)) as d:
             t0 = time.monotonic()
             answer = _wait(
-                lambda: (a := d.request({"op": "stacks"}, 2.0, max_bytes=1 << 22))["ranks"][1].get("collective") and a,
-                what="rank 1 in its barrier",
+                lambda: (
+                    (a := d.request({"op": "stacks"}, 2.0, max_bytes=1 << 22))["ranks"][1].get("collective")
+                    and "in hold" in (a["ranks"][0].get("where") or "")
+                    and a
+                ),
+                what="rank 1 in its barrier and rank 0 in hold()",
             )
             assert time.monotonic() - t0 < 5
     finally:

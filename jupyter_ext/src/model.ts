@@ -294,10 +294,28 @@ export function checkValue(field: IFieldSchema, value: unknown): string | null {
       }
       break;
   }
-  if (field.minimum !== null && typeof value === 'number' && value < field.minimum) {
-    return `must be at least ${field.minimum}`;
+  return checkRange(field, value);
+}
+
+/** The schema's bounds, worded as the kernel words them (a port: "from 1 to 65535"). */
+function checkRange(field: IFieldSchema, value: unknown): string | null {
+  if (typeof value !== 'number') {
+    return null;
   }
-  return null;
+  const min = field.minimum ?? null;
+  const max = field.maximum ?? null;
+  const tooLow = min !== null && (field.above_minimum ? value <= min : value < min);
+  const tooHigh = max !== null && value > max;
+  if (!tooLow && !tooHigh) {
+    return null;
+  }
+  if (min !== null && max !== null) {
+    return `must be from ${min} to ${max}`;
+  }
+  if (tooLow) {
+    return field.above_minimum ? `must be more than ${min}` : `must be at least ${min}`;
+  }
+  return `must be at most ${max}`;
 }
 
 /** "2" → 2, "true" → true, "[1, 2]" → [1, 2], anything else stays text. */

@@ -18,6 +18,10 @@ export interface IFieldSchema {
   nullable: boolean;
   minimum: number | null;
   accelerate: boolean;
+  /** Inclusive upper bound (a port: 65535); absent from older servers' schemas. */
+  maximum?: number | null;
+  /** The minimum itself is not allowed (a timeout of 0 s). */
+  above_minimum?: boolean;
 }
 
 /** Why the file on disk could not be loaded (line is 1-based when known). */

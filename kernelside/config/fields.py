@@ -11,6 +11,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Any
 
@@ -30,6 +31,8 @@ class Field:
     nullable: bool = False
     minimum: float | None = None
     accelerate: bool = False  # the key exists with the same meaning in Accelerate's config
+    maximum: float | None = None
+    above_minimum: bool = False  # the minimum itself is not allowed (a timeout of 0 s)
 
     def to_json(self) -> dict:
         out = dataclasses.asdict(self)
@@ -73,9 +76,10 @@ FIELDS: tuple[Field, ...] = (
         "start_method",
         "str",
         "auto",
-        "How workers start. auto: fork unless CUDA is already initialized in the kernel, then spawn.",
+        "How workers start. auto: fork unless CUDA is already initialized in the kernel, then the forkserver "
+        "(ranks forked from a clean process that holds torch); spawn: fresh interpreters.",
         "processes",
-        choices=("auto", "fork", "spawn"),
+        choices=("auto", "fork", "forkserver", "spawn"),
     ),
     Field(
         "mixed_precision",
@@ -129,6 +133,7 @@ FIELDS: tuple[Field, ...] = (
         "run",
         nullable=True,
         minimum=0,
+        above_minimum=True,
     ),
     Field(
         "main_process_port",
@@ -137,7 +142,8 @@ FIELDS: tuple[Field, ...] = (
         "Rendezvous port. Empty or taken: a free port is chosen.",
         "run",
         nullable=True,
-        minimum=0,
+        minimum=1,
+        maximum=65535,
         accelerate=True,
     ),
     Field("env", "dict", {}, "Extra environment variables for every worker.", "run"),
@@ -216,6 +222,38 @@ FIELDS: tuple[Field, ...] = (
         "deepspeed_config", "dict", {}, "Accelerate DeepSpeed settings (zero_stage, ...).", "advanced", accelerate=True
     ),
     Field("debug", "bool", False, "Accelerate debug mode (checks collective shapes).", "advanced", accelerate=True),
+    Field(
+        "fp8_config",
+        "dict",
+        {},
+        "Accelerate fp8 settings for mixed_precision fp8 (backend, fp8_format, amax_history_len, ...).",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "megatron_lm_config",
+        "dict",
+        {},
+        "Accelerate Megatron-LM settings (megatron_lm_tp_degree, ...); needs GPUs.",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "parallelism_config",
+        "dict",
+        {},
+        "Accelerate parallelism settings with FSDP 2 (parallelism_config_dp_shard_size, ...).",
+        "advanced",
+        accelerate=True,
+    ),
+    Field(
+        "enable_cpu_affinity",
+        "bool",
+        False,
+        "Accelerate: pin each rank to the CPU cores of its NUMA node (ACCELERATE_CPU_AFFINITY).",
+        "advanced",
+        accelerate=True,
+    ),
 )
 FIELDS_BY_NAME = {f.name: f for f in FIELDS}
 
@@ -228,7 +266,7 @@ ACCELERATE_PASSTHROUGH = {
     "tpu_env",
     "tpu_use_cluster",
     "tpu_use_sudo",
-    "enable_cpu_affinity",
+    "mpirun_config",  # nblaunch starts the ranks itself, never through mpirun
 }
 
 
@@ -256,9 +294,44 @@ def _allowed(f: Field) -> str:
         "dict": "a mapping",
         "list": "a list",
     }[f.type]
-    if f.minimum is not None:
-        base += f" >= {f.minimum:g}"
+    if f.minimum is not None and f.maximum is not None:
+        base += f" from {f.minimum:g} to {f.maximum:g}"
+    elif f.minimum is not None:
+        base += f" {'>' if f.above_minimum else '>='} {f.minimum:g}"
+    elif f.maximum is not None:
+        base += f" <= {f.maximum:g}"
     return base + (" or empty" if f.nullable else "")
+
+
+def allowed(name: str) -> str:
+    """What the schema allows for ``name``, in words (``allowed("main_process_port")`` → 'an integer from 1 to
+    65535 or empty'): the text every refusal of a bad value ends with."""
+    return _STRING_RULES[name][1] if name in _STRING_RULES else _allowed(FIELDS_BY_NAME[name])
+
+
+def _gpu_ids(v: str) -> bool:
+    return v == "all" or all(p.isdigit() for p in v.split(","))
+
+
+def _path(v: str) -> bool:
+    # Checked as text only: the folder is made at launch, relative to the kernel's working directory.
+    return bool(v.strip()) and "\x00" not in v
+
+
+# Strings with a shape beyond their type: the rule and the words that say what is allowed.
+_STRING_RULES = {
+    "gpu_ids": (_gpu_ids, "'all' or comma-separated GPU indices such as '0,1'"),
+    "main_process_ip": (_HOST.fullmatch, "an IP address or host name without port, e.g. 10.0.0.1"),
+    "ray_address": (
+        lambda v: v in ("local", "auto") or _RAY_ADDRESS.fullmatch(v),
+        "'local', 'auto', 'HOST:PORT' or 'ray://HOST:PORT'",
+    ),
+    "log_dir": (_path, "a folder path (not blank, no NUL character) or empty"),
+}
+
+
+def _env_name(k) -> bool:
+    return isinstance(k, str) and bool(k) and "=" not in k and "\x00" not in k
 
 
 def check_value(name: str, value: Any) -> Any:
@@ -284,7 +357,7 @@ def check_value(name: str, value: Any) -> Any:
                 v = float(v)
             except ValueError:
                 raise LaunchConfigError(name, value, _allowed(f)) from None
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise LaunchConfigError(name, value, _allowed(f))
         v = float(v)
     elif f.type == "bool":
@@ -298,29 +371,34 @@ def check_value(name: str, value: Any) -> Any:
         if name == "gpu_ids" and isinstance(v, int) and not isinstance(v, bool):
             v = str(v)
         if name == "gpu_ids" and isinstance(v, (list, tuple)):
-            v = ",".join(str(int(i)) for i in v)
+            v = ",".join(str(i) for i in v)
         if not isinstance(v, str):
-            raise LaunchConfigError(name, value, _allowed(f))
+            raise LaunchConfigError(name, value, allowed(name))
         if f.choices and v not in f.choices:
             raise LaunchConfigError(name, value, _allowed(f))
         if name == "gpu_ids":
             v = v.replace(" ", "")
-            if v != "all" and not all(p.isdigit() for p in v.split(",")):
-                raise LaunchConfigError(name, value, "'all' or comma-separated GPU indices such as '0,1'")
-        if name == "main_process_ip" and not _HOST.fullmatch(v):
-            raise LaunchConfigError(name, value, "an IP address or host name without port, e.g. 10.0.0.1")
-        if name == "ray_address" and not (v in ("local", "auto") or _RAY_ADDRESS.fullmatch(v)):
-            raise LaunchConfigError(name, value, "'local', 'auto', 'HOST:PORT' or 'ray://HOST:PORT'")
+        rule = _STRING_RULES.get(name)
+        if rule is not None and not rule[0](v):
+            raise LaunchConfigError(name, value, rule[1])
+    elif f.type == "list":
+        if not isinstance(v, (list, tuple)):
+            raise LaunchConfigError(name, value, _allowed(f))
+        v = list(v)
     elif f.type == "dict":
         if not isinstance(v, dict):
             raise LaunchConfigError(name, value, _allowed(f))
         if name == "env":
+            if not all(_env_name(k) for k in v):
+                raise LaunchConfigError(name, value, "a mapping of variable names (no '=' in them) to values")
             v = {str(k): str(val) for k, val in v.items()}
         if name == "resources_per_worker":
             bad = [k for k, n in v.items() if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0]
             if bad:
                 raise LaunchConfigError(name, value, "a mapping of resource name to a number >= 0, e.g. {CPU: 2}")
-    if f.minimum is not None and v < f.minimum:
+    if f.minimum is not None and (v <= f.minimum if f.above_minimum else v < f.minimum):
+        raise LaunchConfigError(name, value, _allowed(f))
+    if f.maximum is not None and v > f.maximum:
         raise LaunchConfigError(name, value, _allowed(f))
     return v
 

@@ -35,15 +35,18 @@ def accelerate_default_config_path() -> Path:
 
 @dataclasses.dataclass
 class ConfigFile:
-    """A parsed config file: known values, unknown keys (kept on save) and warnings."""
+    """A parsed config file: known values, unknown keys (kept on save), warnings, and the values refused
+    (``{key: LaunchConfigError}``; a launch reading the file raises the first, the panel marks each)."""
 
     path: Path | None
     values: dict
     unknown: dict
     warnings: list[str]
+    invalid: dict = dataclasses.field(default_factory=dict)
 
 
-def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
+def parse_config_text(text: str, path: Path | None = None, *, lenient: bool = False) -> ConfigFile:
+    """The file's values; an invalid value raises (``lenient``: is kept aside in ``invalid``, to be shown)."""
     where = str(path) if path else "<config>"
     try:
         data = yaml.safe_load(text)
@@ -68,7 +71,7 @@ def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
             path=path,
             message=f"{where} must hold a mapping of keys to values, found {type(data).__name__}.",
         )
-    values, unknown, warnings = {}, {}, []
+    values, unknown, warnings, invalid = {}, {}, [], {}
     for k, v in data.items():
         k = str(k)
         if k in FIELDS_BY_NAME:
@@ -76,15 +79,17 @@ def parse_config_text(text: str, path: Path | None = None) -> ConfigFile:
                 values[k] = check_value(k, v)
             except LaunchConfigError as e:
                 e.path = path
-                raise
+                if not lenient:
+                    raise
+                invalid[k] = e
         else:
             unknown[k] = v
             if k not in ACCELERATE_PASSTHROUGH:
                 warnings.append(f"{where}: unknown key {k!r} is kept but ignored")
-    return ConfigFile(path, values, unknown, warnings)
+    return ConfigFile(path, values, unknown, warnings, invalid)
 
 
-def load_config_file(path: str | os.PathLike) -> ConfigFile:
+def load_config_file(path: str | os.PathLike, *, lenient: bool = False) -> ConfigFile:
     p = Path(path)
     try:
         text = p.read_text()
@@ -96,7 +101,7 @@ def load_config_file(path: str | os.PathLike) -> ConfigFile:
             path=p,
             message=f"config file {p} does not exist. Create it from the side panel, or pass an existing path.",
         ) from None
-    return parse_config_text(text, p)
+    return parse_config_text(text, p, lenient=lenient)
 
 
 def dump_config_text(values: dict, unknown: dict | None = None) -> str:

@@ -11,7 +11,7 @@ Example::
 from __future__ import annotations
 
 from ..errors import LaunchConfigError
-from .fields import FIELDS_BY_NAME
+from .fields import FIELDS_BY_NAME, check_value
 
 # Other spellings of a key: Accelerate's notebook_launcher(use_port=...), the magics' --port.
 ALIASES = {"use_port": "main_process_port", "port": "main_process_port"}
@@ -19,10 +19,12 @@ DEFAULT_PORT = 29500  # the rendezvous port across machines and in exported comm
 PROCESSES_WITHOUT_GPU = 2  # num_processes left empty on a machine without GPUs
 
 
-def arguments(**given) -> dict:
-    """Explicitly given launch settings under their schema names: aliases mapped, empty ones dropped.
+def arguments(origin: str | None = None, **given) -> dict:
+    """Explicitly given launch settings under their schema names: aliases mapped, empty ones dropped, each
+    checked against the schema here, where the caller can still say where it came from.
 
-    ``use_port=0`` or ``""`` means "no port asked for", as in Accelerate.
+    ``use_port=0`` or ``""`` means "no port asked for", as in Accelerate. ``origin`` names the entry point for
+    the error: ``"flag"`` (a magic's line, so ``port`` reads ``--port``) or a function's name.
     """
     out = {}
     for key, value in given.items():
@@ -31,8 +33,21 @@ def arguments(**given) -> dict:
             continue
         if name not in FIELDS_BY_NAME:
             raise LaunchConfigError(key, value, "a known key: " + ", ".join(FIELDS_BY_NAME))
-        out[name] = value
+        try:
+            out[name] = check_value(name, value)
+        except LaunchConfigError as e:
+            e.source = e.source or _spelled(origin, key)
+            raise
     return out
+
+
+def _spelled(origin: str | None, key: str) -> str:
+    """How the user wrote ``key`` at that entry point."""
+    if origin == "flag":
+        return f"the flag --{key.replace('_', '-')}"
+    if origin:
+        return f"{origin}({key}=...)"
+    return f"the argument {key}"
 
 
 def default_processes_per_machine(gpus: int) -> int:

@@ -20,24 +20,32 @@ from .files import find_config_path, load_config_file
 
 @dataclasses.dataclass
 class ResolvedConfig:
-    """Final values, and for each key where it came from ('argument', a file path, 'detected', 'default')."""
+    """Final values, and for each key where it came from ('argument', a file path, 'detected', 'default');
+    ``invalid``: only when resolved ``lenient``, the file's refused values (``{key: LaunchConfigError}``), whose
+    keys keep their defaults here."""
 
     values: dict
     sources: dict
     path: Path | None
     warnings: list[str]
+    invalid: dict = dataclasses.field(default_factory=dict)
 
     def __getitem__(self, key):
         return self.values[key]
 
 
 def resolve_config(
-    arguments: dict | None = None, *, config: str | os.PathLike | None = None, cwd: str | os.PathLike | None = None
+    arguments: dict | None = None,
+    *,
+    config: str | os.PathLike | None = None,
+    cwd: str | os.PathLike | None = None,
+    lenient: bool = False,
 ) -> ResolvedConfig:
     """Merge call arguments over the config file over defaults; validate everything.
 
     ``arguments`` holds only what the caller gave explicitly (None values are ignored).
-    Hardware-dependent defaults (num_processes) stay None here; the launch plan fills them.
+    Hardware-dependent defaults (num_processes) stay None here; the launch plan fills them. ``lenient``
+    (``%distributed_config``): the file's invalid values are listed in ``invalid`` instead of raised.
     """
     values, sources = defaults(), {f.name: "default" for f in FIELDS}
     path, kind = find_config_path(cwd, config)
@@ -45,8 +53,14 @@ def resolve_config(
     if path is not None:
         if kind == "accelerate":
             cf = import_accelerate(path)
+            if cf.invalid and not lenient:  # the file a launch reads refuses a bad value, as nblaunch.yaml does
+                raise next(iter(cf.invalid.values()))
         else:
-            cf = load_config_file(path)
+            cf = load_config_file(path, lenient=lenient)
+            if {"compute_environment", "distributed_type"} & set(cf.unknown):  # an Accelerate file, given by path
+                cf = import_accelerate(path)
+                if cf.invalid and not lenient:
+                    raise next(iter(cf.invalid.values()))
         warnings.extend(cf.warnings)
         for k, v in cf.values.items():
             values[k], sources[k] = v, str(path)
@@ -54,4 +68,4 @@ def resolve_config(
         if v is None:
             continue
         values[k], sources[k] = check_value(k, v), "argument"
-    return ResolvedConfig(values, sources, path, warnings)
+    return ResolvedConfig(values, sources, path, warnings, dict(cf.invalid) if path is not None else {})

@@ -1,14 +1,23 @@
-"""The live metrics chart: one small panel per metric, drawn as a self-contained SVG.
+"""The live metrics chart: one panel per metric, drawn as a self-contained SVG that fills the cell's width.
 
-Each metric gets its own panel with its own scale (a loss of 0.01 is never flattened by a
-learning-rate or an epoch counter), ticks and values on both axes, its name and latest value
-in the title, and a log scale when its values are positive and span two decades (100x) or more.
-With ``progress="all"`` a panel has one line per rank. A metric logged once (Trainer's
-``train_runtime``, say) is a value, not a curve: it is listed in a row of latest values.
+Each metric gets its own panel with its own scale (a loss of 0.01 is never flattened by a learning-rate or an
+epoch counter), ticks and values on both axes, its name and latest value in the title, and a log scale when its
+values are positive and span two decades (100x) or more. With ``progress="all"`` a panel has one line per rank.
+A metric logged once (Trainer's ``train_runtime``, say) is a value, not a curve: it is listed under the panels.
 
-The SVG is the value of an ipywidgets HTML widget (``progress_view.RunDisplay``), so the final
-chart is stored with the notebook's widget state. Long series are thinned to the pixels they
-cover (minimum and maximum per pixel column), so the stored chart stays small.
+Why hand-written SVG rather than a charting library: the chart is the value of an ipywidgets HTML widget
+(``progress_view.RunDisplay``), which is stored with the notebook and shown again, offline and without a
+kernel, when it is reopened or exported; a widget's HTML runs no script, so a JavaScript library could not draw
+there, and a widget of its own would tie the notebook to that library's extension. What a library would add,
+this does with the browser alone:
+
+- width: the panels are nested SVG viewports sized in percent, so they follow the cell's width while text
+  stays at 12 px (never scaled down);
+- values on hover: each panel has bands with an SVG ``<title>`` (step, value, smoothed value);
+- smoothing: TensorBoard's debiased EMA as a solid line over the faint raw one; once the run has ended, a
+  small control (off, 0.6, 0.9, 0.99) switches between precomputed lines with CSS alone;
+- contrast: text, axes and grid take JupyterLab's theme colours (``--jp-ui-font-color1``), so light and
+  dark themes both read well; series colours are mid-luminance.
 
 Example::
 
@@ -22,13 +31,50 @@ from __future__ import annotations
 
 import html
 import math
+import secrets
 
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-PANEL_W, PANEL_H = 300, 160  # one metric's panel, in px
-LEFT, RIGHT, TOP, BOTTOM = 50, 12, 24, 30  # plot area margins inside a panel (room for ticks and title)
+from .chart_scales import (
+    ema,
+    finite,
+    fmt_log,
+    fmt_tick,
+    fmt_value,
+    log_ticks,
+    nice_ticks,
+    span,
+    thin,
+)
+
+COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#d67195")
+PANEL_H = 190  # one metric's panel, in px (its width is a share of the cell's)
+MIN_PANEL_W = 280  # below this the chart scrolls sideways rather than squeeze its labels
+TOP, BOTTOM = 30, 34  # plot area margins inside a panel (title above; ticks and 'step' below)
+PLOT_X, PLOT_W = 17.0, 80.0  # plot area, in percent of the panel's width (y tick labels on the left)
 GAP, COLUMNS = 10, 3
+VIEW = 1000.0  # the plot area's own coordinates, stretched to its size (lines keep their stroke width)
+HOVER_BANDS = 100  # most hover bands per panel: enough to read values, little to store
+SMOOTHING = (0.0, 0.6, 0.9, 0.99)  # TensorBoard's default is 0.6
+DEFAULT_SMOOTHING = 0.6
+MIN_TO_SMOOTH = 8  # fewer points than this are drawn as they are
 LOG_DECADES = 2.0  # positive values spanning this many decades (100x) are drawn on a log scale
 _SKIP = ("step", "rank")
+
+_STYLE = (
+    ".nbl-hit{fill:currentColor;fill-opacity:0}.nbl-hit:hover{fill-opacity:.1}"
+    ".nbl-ema{display:none}.nbl-ema-6{display:inline}"
+    ".nbl-smoothing label{margin-left:.6em;cursor:pointer}.nbl-smoothing input{margin:0 .2em 0 0;vertical-align:-2px}"
+    + "".join(
+        f'.nblaunch-chart:has(input[value="{w:g}"]:checked) .nbl-ema{{display:none}}'
+        f'.nblaunch-chart:has(input[value="{w:g}"]:checked) .nbl-ema-{k}{{display:inline}}'
+        for w, k in ((0.6, 6), (0.9, 9), (0.99, 99))
+    )
+    + '.nblaunch-chart:has(input[value="0"]:checked) .nbl-ema{display:none}'
+    '.nblaunch-chart:has(input[value="0"]:checked) .nbl-raw{stroke-opacity:1}'
+)
+
+
+def _key(weight: float) -> str:
+    return {0.6: "6", 0.9: "9", 0.99: "99"}[weight]
 
 
 class MetricsChart:
@@ -37,6 +83,7 @@ class MetricsChart:
     def __init__(self):
         self.series: dict[str, dict[int | None, tuple[list[float], list[float]]]] = {}
         self.consumed = 0
+        self.group = "nbl-smooth-" + secrets.token_hex(4)  # this chart's smoothing control, apart from others'
 
     def add(self, points) -> MetricsChart:
         for p in points:
@@ -49,41 +96,67 @@ class MetricsChart:
                 ys.append(float(v))
         return self
 
-    def render(self, points: list) -> str:
-        """The SVG for every point so far; only points not seen before are read (``points`` only grows)."""
+    def render(self, points: list, *, final: bool = False) -> str:
+        """The SVG for every point so far; only points not seen before are read (``points`` only grows).
+
+        ``final``: the run has ended, so the chart gets its smoothing control (redrawn while the run goes on,
+        a control would lose the user's choice at every update)."""
         if len(points) < self.consumed:  # a new list: start over
-            self.__init__()
+            self.series, self.consumed = {}, 0
         self.add(points[self.consumed :])
         self.consumed = len(points)
-        return self.svg()
+        return self.svg(final=final)
 
-    def svg(self) -> str:
+    def svg(self, *, final: bool = False) -> str:
         curves = {n: s for n, s in self.series.items() if max(len(xs) for xs, _ in s.values()) > 1}
         singles = {n: s for n, s in self.series.items() if n not in curves}
         if not curves and not singles:
             return ""
         cols = max(1, min(COLUMNS, len(curves)))
+        if len(curves) == 4:
+            cols = 2  # 2 x 2 rather than 3 + 1
         rows = math.ceil(len(curves) / cols)
-        legend_h = 14 if any(len(s) > 1 for s in curves.values()) else 0
-        panel_h = PANEL_H + legend_h
-        width = cols * PANEL_W + (cols - 1) * GAP
-        values_h = 18 * len(_value_rows(singles, width)) if singles else 0
-        height = rows * (panel_h + GAP) + values_h
+        smoothable = any(len(ys) >= MIN_TO_SMOOTH for s in curves.values() for _, ys in s.values())
+        control_h = 22 if final and smoothable else 0
+        min_w = cols * MIN_PANEL_W + (cols - 1) * GAP
+        values = _value_rows(singles, min_w) if singles else []
+        height = control_h + rows * (PANEL_H + GAP) + 18 * len(values)
         parts = [
-            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-            f'viewBox="0 0 {width} {height}" style="font: 11px sans-serif; '
-            'color: var(--jp-ui-font-color1, #333)">'
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="nblaunch-chart" width="100%" height="{height}" '
+            f'style="min-width: {min_w}px; font: 12px var(--jp-ui-font-family, sans-serif); '
+            'color: var(--jp-ui-font-color1, #222)">',
+            f"<style>{_STYLE}</style>",
         ]
+        if control_h:
+            parts.append(self._control())
+        share = 100.0 / cols
         for i, (name, by_rank) in enumerate(curves.items()):
-            x0 = (i % cols) * (PANEL_W + GAP)
-            y0 = (i // cols) * (panel_h + GAP)
-            parts.append(f'<g transform="translate({x0},{y0})">')
-            parts.append(_panel(name, by_rank, COLORS[i % len(COLORS)], legend_h))
-            parts.append("</g>")
-        for j, row in enumerate(_value_rows(singles, width)):
-            parts.append(f'<text x="2" y="{rows * (panel_h + GAP) + 13 + 18 * j}" fill="currentColor">{row}</text>')
+            x = (i % cols) * share
+            y = control_h + (i // cols) * (PANEL_H + GAP)
+            parts.append(
+                f'<svg x="{x:.3f}%" y="{y}" width="{share:.3f}%" height="{PANEL_H}" overflow="visible">'
+                f"{_panel(name, by_rank, COLORS[i % len(COLORS)], final)}</svg>"
+            )
+        for j, row in enumerate(values):
+            parts.append(
+                f'<text x="2" y="{control_h + rows * (PANEL_H + GAP) + 13 + 18 * j}" fill="currentColor">{row}</text>'
+            )
         parts.append("</svg>")
         return "".join(parts)
+
+    def _control(self) -> str:
+        """Radio buttons that show one precomputed smoothing; CSS (:has) does the switching, no script."""
+        options = "".join(
+            f'<label><input type="radio" name="{self.group}" value="{w:g}"'
+            f"{' checked' if w == DEFAULT_SMOOTHING else ''}/>{'off' if w == 0 else f'{w:g}'}</label>"
+            for w in SMOOTHING
+        )
+        return (
+            '<foreignObject x="0" y="0" width="100%" height="22"><div xmlns="http://www.w3.org/1999/xhtml" '
+            'class="nbl-smoothing" style="font: 12px var(--jp-ui-font-family, sans-serif); '
+            'color: var(--jp-ui-font-color1, #222)" title="Exponential moving average, as TensorBoard smooths">'
+            f"smoothing {options}</div></foreignObject>"
+        )
 
 
 def render_svg(points: list[dict]) -> str:
@@ -94,95 +167,156 @@ def render_svg(points: list[dict]) -> str:
 # -- one panel ------------------------------------------------------------------------------------
 
 
-def _panel(name: str, by_rank: dict, color: str, legend_h: int) -> str:
-    pw, ph = PANEL_W - LEFT - RIGHT, PANEL_H - TOP - BOTTOM
-    top = TOP + legend_h
-    finite = {r: _finite(xs, ys) for r, (xs, ys) in by_rank.items()}
-    all_x = [x for xs, _ in finite.values() for x in xs]
-    all_y = [y for _, ys in finite.values() for y in ys]
+def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
+    finite_series = {r: finite(xs, ys) for r, (xs, ys) in by_rank.items()}
+    ranks = sorted(finite_series, key=lambda r: (r is None, r or 0))
+    all_x = [x for xs, _ in finite_series.values() for x in xs]
+    all_y = [y for _, ys in finite_series.values() for y in ys]
     count = sum(len(xs) for xs, _ in by_rank.values())
     single = len(by_rank) == 1
     last = next(iter(by_rank.values()))[1][-1]
-    title = f"{html.escape(name)}: last {_fmt_value(last)} ({count} points)" if single else html.escape(name)
     log = bool(all_y) and min(all_y) > 0 and math.log10(max(all_y) / min(all_y)) >= LOG_DECADES
+    title = f"{html.escape(name)}: last {fmt_value(last)} ({count} points)" if single else html.escape(name)
     out = [
-        f'<rect x="0.5" y="0.5" width="{PANEL_W - 1}" height="{PANEL_H + legend_h - 1}" fill="none" '
-        'stroke="currentColor" stroke-opacity="0.15" rx="3"/>',
-        f'<text x="{LEFT}" y="15" fill="{color if single else "currentColor"}" font-weight="bold">{title}'
+        '<rect x="0.5" y="0.5" width="99%" height="99%" fill="none" stroke="currentColor" stroke-opacity="0.15" '
+        'rx="3"/>',
+        f'<rect x="8" y="9" width="10" height="10" rx="2" fill="{color}"/>' if single else "",
+        f'<text x="{24 if single else 8}" y="18" fill="currentColor" font-weight="bold">{title}'
         f"{' (log scale)' if log else ''}</text>",
     ]
     if not all_y:
         return "".join(out)
-    x_lo, x_hi = _span(min(all_x), max(all_x))
+    ph = PANEL_H - TOP - BOTTOM
+    x_lo, x_hi = span(min(all_x), max(all_x))
     if log:
         y_lo, y_hi = math.log10(min(all_y)), math.log10(max(all_y))
         y_lo, y_hi = (y_lo - 0.5, y_hi + 0.5) if y_hi - y_lo < 1e-12 else (y_lo, y_hi)
-        y_ticks = _log_ticks(y_lo, y_hi)
+        y_ticks = log_ticks(y_lo, y_hi)
     else:
-        y_lo, y_hi = _span(min(all_y), max(all_y))
-        y_ticks = _nice_ticks(y_lo, y_hi)
+        y_lo, y_hi = span(min(all_y), max(all_y))
+        y_ticks = nice_ticks(y_lo, y_hi)
         y_lo, y_hi = min(y_lo, y_ticks[0]), max(y_hi, y_ticks[-1])
     whole = all(x == int(x) for x in all_x)  # steps (or indices): no tick between two of them
-    x_ticks = [t for t in _nice_ticks(x_lo, x_hi, 5, whole=whole) if x_lo <= t <= x_hi]
+    x_ticks = [t for t in nice_ticks(x_lo, x_hi, 5, whole=whole) if x_lo <= t <= x_hi]
 
-    def px(x):
-        return LEFT + (x - x_lo) / (x_hi - x_lo) * pw
+    def fx(x):  # 0..1 across the plot
+        return (x - x_lo) / (x_hi - x_lo)
 
-    def py(y):
+    def fy(y):  # 0..1 up the plot
         v = math.log10(y) if log else y
-        return top + ph - (v - y_lo) / (y_hi - y_lo) * ph
+        return (v - y_lo) / (y_hi - y_lo)
 
-    out.append(
-        f'<rect x="{LEFT}" y="{top}" width="{pw}" height="{ph}" fill="none" stroke="currentColor" '
-        'stroke-opacity="0.35"/>'
-    )
+    plot = [
+        f'<rect x="0" y="0" width="{VIEW:g}" height="{VIEW:g}" fill="none" stroke="currentColor" '
+        'stroke-opacity="0.35" vector-effect="non-scaling-stroke"/>'
+    ]
     y_step = (y_ticks[1] - y_ticks[0]) if len(y_ticks) > 1 else 1.0
     for t in y_ticks:
-        yy = top + ph - (t - y_lo) / (y_hi - y_lo) * ph
-        label = _fmt_log(t) if log else _fmt_tick(t, y_step, max(abs(y_ticks[0]), abs(y_ticks[-1])))
+        f = (t - y_lo) / (y_hi - y_lo)
+        label = fmt_log(t) if log else fmt_tick(t, y_step, max(abs(y_ticks[0]), abs(y_ticks[-1])))
+        plot.append(
+            f'<line x1="0" x2="{VIEW:g}" y1="{VIEW * (1 - f):.1f}" y2="{VIEW * (1 - f):.1f}" stroke="currentColor" '
+            'stroke-opacity="0.12" vector-effect="non-scaling-stroke"/>'
+        )
         out.append(
-            f'<line x1="{LEFT}" x2="{LEFT + pw}" y1="{yy:.1f}" y2="{yy:.1f}" stroke="currentColor" '
-            f'stroke-opacity="0.12"/><text x="{LEFT - 4}" y="{yy + 3.5:.1f}" text-anchor="end" '
-            f'fill="currentColor" font-size="10">{label}</text>'
+            f'<text x="{PLOT_X - 1.5:g}%" y="{TOP + ph * (1 - f) + 4:.1f}" text-anchor="end" '
+            f'fill="currentColor">{label}</text>'
         )
     x_step = (x_ticks[1] - x_ticks[0]) if len(x_ticks) > 1 else 1.0
     x_big = max((abs(t) for t in x_ticks), default=1.0)
     for t in x_ticks:
-        xx = px(t)
+        xp = PLOT_X + PLOT_W * fx(t)
         out.append(
-            f'<line x1="{xx:.1f}" x2="{xx:.1f}" y1="{top + ph}" y2="{top + ph + 4}" stroke="currentColor" '
-            f'stroke-opacity="0.5"/><text x="{xx:.1f}" y="{top + ph + 15}" text-anchor="middle" '
-            f'fill="currentColor" font-size="10">{_fmt_tick(t, x_step, x_big, si=True)}</text>'
+            f'<line x1="{xp:.2f}%" x2="{xp:.2f}%" y1="{TOP + ph}" y2="{TOP + ph + 4}" stroke="currentColor" '
+            f'stroke-opacity="0.5"/><text x="{xp:.2f}%" y="{TOP + ph + 17}" text-anchor="middle" '
+            f'fill="currentColor">{fmt_tick(t, x_step, x_big, si=True)}</text>'
         )
     out.append(
-        f'<text x="{LEFT + pw}" y="{top + ph + 27}" text-anchor="end" fill="currentColor" '
-        'fill-opacity="0.7" font-size="10">step</text>'
+        f'<text x="{PLOT_X + PLOT_W:g}%" y="{PANEL_H - 3}" text-anchor="end" fill="currentColor" '
+        'fill-opacity="0.75">step</text>'
     )
-    for k, (rank, (xs, ys)) in enumerate(sorted(finite.items(), key=lambda kv: (kv[0] is None, kv[0] or 0))):
+    smoothed: dict = {}
+    for k, rank in enumerate(ranks):
+        xs, ys = finite_series[rank]
         c = color if single else COLORS[k % len(COLORS)]
-        pts = _thin(xs, ys, pw)
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<polyline fill="none" stroke="{c}" stroke-width="1.5" points="{coords}"/>')
-        if pts:
-            out.append(f'<circle cx="{px(pts[-1][0]):.1f}" cy="{py(pts[-1][1]):.1f}" r="2.5" fill="{c}"/>')
+        smooth = len(ys) >= MIN_TO_SMOOTH
+        plot.append(_line(xs, ys, fx, fy, c, "nbl-raw", 0.35 if smooth else 1.0))
+        if smooth:
+            weights = (w for w in SMOOTHING if w and (final or w == DEFAULT_SMOOTHING))
+            for w in weights:
+                line = ema(ys, w)
+                smoothed.setdefault(rank, {})[w] = line
+                plot.append(_line(xs, line, fx, fy, c, f"nbl-ema nbl-ema-{_key(w)}", 1.0))
+        if xs:
+            out.append(
+                f'<circle cx="{PLOT_X + PLOT_W * fx(xs[-1]):.2f}%" cy="{TOP + ph * (1 - fy(ys[-1])):.1f}" r="3" '
+                f'fill="{c}"/>'
+            )
         if not single:
             label = f"rank {rank}" if rank is not None else "all"
             out.append(
-                f'<text x="{LEFT + k * 95}" y="{TOP + 6}" fill="{c}" font-size="10">{label}: '
-                f"{_fmt_value(by_rank[rank][1][-1])}</text>"
+                f'<rect x="{8 + k * 110}" y="{TOP - 9}" width="10" height="3" fill="{c}"/>'
+                f'<text x="{22 + k * 110}" y="{TOP - 4}" fill="currentColor" font-size="11">{label}: '
+                f"{fmt_value(by_rank[rank][1][-1])}</text>"
             )
+    plot.append(_hover_bands(name, finite_series, ranks, smoothed, fx))
+    out.append(
+        f'<svg x="{PLOT_X:g}%" y="{TOP}" width="{PLOT_W:g}%" height="{ph}" viewBox="0 0 {VIEW:g} {VIEW:g}" '
+        f'preserveAspectRatio="none" overflow="visible">{"".join(plot)}</svg>'
+    )
+    return "".join(out)
+
+
+def _line(xs, ys, fx, fy, color: str, cls: str, opacity: float) -> str:
+    coords = " ".join(f"{VIEW * fx(x):.1f},{VIEW * (1 - fy(y)):.1f}" for x, y in thin(xs, ys, 400))
+    return (
+        f'<polyline class="{cls}" fill="none" stroke="{color}" stroke-opacity="{opacity:g}" stroke-width="1.75" '
+        f'vector-effect="non-scaling-stroke" stroke-linejoin="round" points="{coords}"/>'
+    )
+
+
+def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx) -> str:
+    """Invisible full-height bands, each with a ``<title>`` of the values at its step: the browser's own
+    tooltip, so it works in a stored notebook with no kernel and no script."""
+    xs = sorted({x for r in ranks for x in series[r][0]})
+    if not xs:
+        return ""
+    stride = max(1, math.ceil(len(xs) / HOVER_BANDS))
+    picked = xs[::stride]
+    if picked[-1] != xs[-1]:
+        picked.append(xs[-1])
+    index = {r: {x: i for i, x in enumerate(series[r][0])} for r in ranks}
+    edges = [fx(x) for x in picked]
+    out = []
+    for j, x in enumerate(picked):
+        left = (edges[j - 1] + edges[j]) / 2 if j else 0.0
+        right = (edges[j] + edges[j + 1]) / 2 if j + 1 < len(picked) else 1.0
+        values = []
+        for r in ranks:
+            i = index[r].get(x)
+            if i is None:
+                continue
+            text = fmt_value(series[r][1][i])
+            if DEFAULT_SMOOTHING in smoothed.get(r, {}):
+                text += f" (smoothed {fmt_value(smoothed[r][DEFAULT_SMOOTHING][i])})"
+            values.append(text if len(ranks) == 1 else f"rank {r}: {text}")
+        tip = html.escape(f"{name} at step {fmt_value(x)}: " + ", ".join(values))
+        out.append(
+            f'<rect class="nbl-hit" x="{VIEW * left:.1f}" y="0" width="{VIEW * max(right - left, 0.001):.1f}" '
+            f'height="{VIEW:g}"><title>{tip}</title></rect>'
+        )
     return "".join(out)
 
 
 def _value_rows(singles: dict, width: int) -> list[str]:
-    """'name value' for each metric logged once, wrapped into rows that fit the chart's width."""
+    """'name value' for each metric logged once, wrapped into rows that fit the chart's narrowest width."""
     items = []
     for name, by_rank in singles.items():
         for rank, (_, ys) in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
             label = name if rank is None else f"{name}[{rank}]"
-            value = _fmt_value(ys[-1])
+            value = fmt_value(ys[-1])
             markup = f'<tspan font-weight="bold">{html.escape(label)}</tspan> {value}'
-            items.append((markup, 6.2 * (len(label) + len(value) + 4)))
+            items.append((markup, 6.8 * (len(label) + len(value) + 4)))
     rows, row, used = [], [], 0.0
     for markup, w in items:
         if row and used + w > width:
@@ -193,113 +327,3 @@ def _value_rows(singles: dict, width: int) -> list[str]:
     if row:
         rows.append("   ".join(row))
     return rows
-
-
-# -- numbers --------------------------------------------------------------------------------------
-
-
-def _finite(xs, ys):
-    pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y) and math.isfinite(x)]
-    return [p[0] for p in pairs], [p[1] for p in pairs]
-
-
-def _span(lo: float, hi: float) -> tuple[float, float]:
-    if hi - lo > 1e-12 * max(1.0, abs(hi)):
-        return lo, hi
-    pad = abs(lo) * 0.1 or 1.0  # a constant series: a band around its value
-    return lo - pad, hi + pad
-
-
-def _nice_ticks(lo: float, hi: float, n: int = 4, whole: bool = False) -> list[float]:
-    """Round tick values (1, 2, 2.5 or 5 times a power of ten) covering [lo, hi]; whole numbers if ``whole``."""
-    raw = (hi - lo) / max(1, n)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    if whole:
-        step = max(1.0, round(step) if step != 2.5 else 2.0)
-    first = math.floor(lo / step) * step
-    ticks, t = [], first
-    while t <= hi + step * 0.5 and len(ticks) < 12:
-        ticks.append(round(t / step) * step)
-        t += step
-    return [t for t in ticks if t >= lo - step * 0.5]
-
-
-def _log_ticks(lo: float, hi: float) -> list[float]:
-    """log10 positions of 10^k in range, with 2x and 5x added when fewer than three decades show."""
-    ticks = [float(k) for k in range(math.ceil(lo), math.floor(hi) + 1)]
-    if len(ticks) < 3:
-        extra = [k + math.log10(m) for k in range(math.floor(lo), math.ceil(hi) + 1) for m in (2, 5)]
-        ticks = sorted(set(ticks) | {t for t in extra if lo <= t <= hi})
-    return ticks or [lo, hi]
-
-
-def _fmt_value(v: float) -> str:
-    """A latest value: four significant digits, whole numbers up to 1e7, exponents without '+' and padding."""
-    if 1e4 <= abs(v) < 1e7:
-        return f"{v:.0f}"
-    return _trim_exponent(f"{v:.4g}")
-
-
-def _trim_exponent(text: str) -> str:
-    if "e" not in text:
-        return text
-    mantissa, exp = text.split("e")
-    if "." in mantissa:
-        mantissa = mantissa.rstrip("0").rstrip(".")
-    return f"{mantissa}e{int(exp)}"
-
-
-def _fmt_log(t: float) -> str:
-    v = 10**t
-    return _trim_exponent(f"{v:.1e}") if abs(t) >= 3 else f"{v:g}"
-
-
-def _fmt_tick(v: float, step: float, biggest: float, si: bool = False) -> str:
-    """A tick label, formatted for its axis (``step`` apart, ``biggest`` in magnitude) so labels stay distinct."""
-    if abs(v) < step * 1e-9:
-        return "0"
-    if si and biggest >= 1e4:
-        div, suffix = next((d, s) for d, s in ((1e9, "G"), (1e6, "M"), (1e3, "k")) if biggest >= d * 10)
-        return f"{v / div:.{_decimals(step / div)}f}{suffix}"
-    if biggest >= 1e7 or biggest < 1e-2:  # each value with its own exponent, as precise as the step needs
-        e, step_e = math.floor(math.log10(abs(v))), math.floor(math.log10(step))
-        digits = max(0, e - step_e) + _decimals(step / 10**step_e)
-        return _trim_exponent(f"{v:.{digits}e}")
-    return f"{v:.{_decimals(step)}f}"
-
-
-def _decimals(step: float) -> int:
-    """The fewest decimals that show ticks ``step`` apart exactly (0.25 -> 2, 5 -> 0)."""
-    for d in range(9):
-        scaled = step * 10**d
-        if abs(scaled - round(scaled)) < 1e-6 * max(1.0, scaled):
-            return d
-    return 8
-
-
-def _thin(xs: list[float], ys: list[float], pixels: int) -> list[tuple[float, float]]:
-    """At most about two points per pixel column (the minimum and maximum, in order), ends kept."""
-    n = len(xs)
-    if n <= 2 * pixels:
-        return list(zip(xs, ys, strict=True))
-    lo, hi = xs[0], xs[-1]
-    width = (hi - lo) / pixels or 1.0
-    out, bucket, current = [(xs[0], ys[0])], [], None
-    for x, y in zip(xs[1:-1], ys[1:-1], strict=True):
-        b = int((x - lo) / width)
-        if b != current and bucket:
-            out.extend(_extremes(bucket))
-            bucket = []
-        current = b
-        bucket.append((x, y))
-    if bucket:
-        out.extend(_extremes(bucket))
-    out.append((xs[-1], ys[-1]))
-    return out
-
-
-def _extremes(bucket):
-    lo = min(bucket, key=lambda p: p[1])
-    hi = max(bucket, key=lambda p: p[1])
-    return sorted({lo, hi}, key=lambda p: p[0]) if lo != hi else [lo]

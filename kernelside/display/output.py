@@ -59,8 +59,11 @@ class _LineBuffer:
 
 
 class RankOutputRouter:
-    def __init__(self, world_size: int, mode: str, log_dir: str, stdout, stderr, prefix_template: str | None = None):
+    def __init__(
+        self, world_size: int, mode: str, log_dir: str, stdout, stderr, prefix_template: str | None = None, tabs=None
+    ):
         self.mode = mode
+        self.tabs = tabs  # output="all" in a notebook: each rank's lines go to its tab (rank_tabs.py), not the stream
         self.prefixes = {r: _prefix(prefix_template, mode, r) for r in range(world_size)}
         self.log_dir = log_dir
         self.sinks = {"stdout": stdout, "stderr": stderr}
@@ -99,6 +102,8 @@ class RankOutputRouter:
 
     def flush_stale(self, now: float | None = None) -> None:
         """Show partial lines that have waited long enough (only where they cannot interleave)."""
+        if self.tabs is not None:
+            self.tabs.tick()
         if self.mode != "rank0":
             return
         now = time.monotonic() if now is None else now
@@ -119,6 +124,8 @@ class RankOutputRouter:
             self._write("stdout", self._held_back_note().replace("]\n", f"; the last {len(self.held_tail)}:]\n"))
             self._write("stdout", tail if tail.endswith("\n") else tail + "\n")
             self.held_back = 0
+        if self.tabs is not None:
+            self.tabs.tick(force=True)
         for fh in self.logs.values():
             fh.close()
         for sink in self.sinks.values():
@@ -137,6 +144,9 @@ class RankOutputRouter:
             if line.strip("\r\n"):
                 tail.append(line if line.endswith("\n") else line.rstrip("\r") + "\n")
         if not self.shown(rank):
+            return
+        if self.tabs is not None:
+            self.tabs.write(rank, stream, text)
             return
         prefix = self.prefixes[rank]
         if prefix:

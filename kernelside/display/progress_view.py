@@ -19,7 +19,7 @@ from tqdm import std as tqdm_std
 
 from ..run_contract import RankState
 from .metrics_chart import MetricsChart, render_svg
-from .run_links import log_links_html
+from .run_links import log_links_html, run_link_html, run_name
 
 REDRAW_S = 0.1
 CHART_S = 0.5
@@ -49,6 +49,21 @@ def _fmt_time(s: float | None) -> str:
     if s is None or s != s or s == float("inf"):
         return "?"
     return tqdm_std.tqdm.format_interval(s)
+
+
+def fmt_elapsed(s: float) -> str:
+    """A run's duration as a person reads it: '0.42 s', '7.3 s', '48 s', then tqdm's '01:05'."""
+    if s < 1:
+        return f"{s:.2f} s"
+    if s < 10:
+        return f"{s:.1f} s"
+    if s < 60:
+        return f"{s:.0f} s"
+    return _fmt_time(s)
+
+
+# What the status line says of a run that ended without its value: one word; the error box below says the rest.
+ENDED = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted (■)", "stopped": "stopped"}
 
 
 def bar_text(state: dict) -> str:
@@ -81,7 +96,7 @@ class RunDisplay:
         self.scope = scope
         self.status = w.HTML(value="")
         self.bars_box = w.VBox([])
-        self.chart = w.HTML(value="")
+        self.chart = w.HTML(value="", layout=w.Layout(width="100%"))  # the chart follows the cell's width
         self.metrics_chart = MetricsChart()  # reads only the points that arrived since the last redraw
         self.box = w.VBox([self.status, self.bars_box, self.chart])
         self.bars: dict[tuple[int, int], dict] = {}  # (rank, bar id) -> {"state", "widget", "dirty"}
@@ -91,6 +106,9 @@ class RunDisplay:
         self.last_draw = 0.0
         self.last_chart = 0.0
         self.spare: list = []  # widgets of finished leave=False bars, ready for the next bar
+        self.ended: str | None = None  # set once the run is over: what the status line says instead of counts
+        self.elapsed: float | None = None  # frozen when the run ends
+        self.detail = ""  # a failed run's root cause, in one line
 
     def show(self) -> None:
         from IPython.display import display
@@ -134,6 +152,8 @@ class RunDisplay:
 
     def finish(self, error: BaseException | None) -> None:
         self.tick(force=True)
+        if self.report.metrics:  # the final chart, with its smoothing control (see MetricsChart.render)
+            self.chart.value = self.metrics_chart.render(self.report.metrics, final=True)
         for box in self.spare:  # hidden and never shown again: free their models in the kernel and page
             for widget in (*box.children, box):
                 widget.close()
@@ -142,13 +162,18 @@ class RunDisplay:
             st = entry["state"]
             if error is not None and not st["closed"]:
                 entry["widget"].children[0].bar_style = "danger"
+        self.elapsed = time.monotonic() - self.t0
         if error is not None:
-            first = html.escape(str(error).splitlines()[0] if str(error) else type(error).__name__)
-            self.status.value = (
-                f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: '
-                f"{html.escape(self.report.outcome)}</b> — {first}<br/>logs: "
-                f"{log_links_html(self.report.log_dir, self.report.world_size)}</span>"
-            )
+            self.ended = ENDED.get(self.report.outcome, self.report.outcome)
+            if self.report.outcome == "failed":  # which rank and why, in one line (the error box has the rest)
+                first = str(error).splitlines()[0] if str(error) else type(error).__name__
+                self.detail = first.removeprefix("nblaunch: ")
+        self._draw_status()
+
+    def session_ended(self, text: str) -> None:
+        """A live session's start cell, when the session stops: its status line says so instead of 'N ready'."""
+        self.ended = text
+        self._draw_status()
 
     # -- drawing -------------------------------------------------------------------------
     def _new_bar(self, rank: int, st: dict):
@@ -192,16 +217,24 @@ class RunDisplay:
 
     def _draw_status(self) -> None:
         rep = self.report
+        elapsed = fmt_elapsed(self.elapsed if self.elapsed is not None else time.monotonic() - self.t0)
+        link, logs = run_link_html(rep.log_dir, run_name(rep)), log_links_html(rep.log_dir, rep.world_size)
+        ranks = f"{rep.world_size} ranks ({rep.backend}, {rep.start_method})"
+        if self.ended is not None and rep.outcome not in ("ok", "running"):
+            detail = f" · {html.escape(self.detail)}" if self.detail else ""
+            self.status.value = (
+                f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: {html.escape(self.ended)}</b></span> '
+                f"{link} · {ranks}{detail} · {elapsed} · logs: {logs}"
+            )
+            return
+        state = html.escape(self.ended) if self.ended is not None else self._counts()
+        self.status.value = f"<b>nblaunch</b> {link} · {ranks}: {state} · {elapsed} · logs: {logs}"
+
+    def _counts(self) -> str:
         counts = {state: 0 for state in RankState}  # in the enum's order: starting, running, ... done, failed
-        for r in rep.ranks:
+        for r in self.report.ranks:
             counts[r.state] += 1  # the recorder's
-        parts = " · ".join(f"{v} {k}" for k, v in counts.items() if v)
-        live = f" {html.escape(rep.session)}:" if rep.session else ""
-        self.status.value = (
-            f"<b>nblaunch</b>{live} {rep.world_size} ranks ({rep.backend}, {rep.start_method}): {parts}"
-            f" · {_fmt_time(time.monotonic() - self.t0)} elapsed · logs "
-            f"{log_links_html(rep.log_dir, rep.world_size)}"
-        )
+        return " · ".join(f"{v} {k}" for k, v in counts.items() if v)
 
 
 def make_run_display(report, output: str, scope: str) -> RunDisplay | None:

@@ -7,7 +7,7 @@ talks to the kernel over its own pipes, which ``EventLoop`` multiplexes into the
 Example::
 
     >>> eng = LocalEngine(req, plan, log_dir, sys.stdout, sys.stderr, render="text")    # doctest: +SKIP
-    >>> eng.prepare(); eng.start(recorder); eng.wait(recorder); eng.close(2.0, recorder)
+    >>> eng.prepare(); eng.start(recorder); eng.poll(recorder, 0.1); eng.close(2.0, recorder)
 """
 
 from __future__ import annotations
@@ -16,14 +16,15 @@ import datetime
 import os
 import signal
 import socket
-import time
 
 from ..launch import warmup
 from ..worker.entry import Payload
 from ..worker.lifecycle import RankSpec
 from ..worker.stack_signal import stacks_path
+from . import forkserver
+from .contract import Engine, launch_settings
 from .local_group import WorkerGroup
-from .local_loop import TERMINATE_GRACE_S, EventLoop
+from .local_loop import EventLoop
 
 
 def _listen_socket(requested: int | None, out) -> socket.socket:
@@ -61,13 +62,10 @@ def _start_store(sock: socket.socket, port: int, world_size: int):
     )
 
 
-class LocalEngine:
+class LocalEngine(Engine):
     """Ranks as child processes of the kernel; output and events through pipes."""
 
-    clock = "monotonic"
-    routes_output = True
-    peer_hint = None
-    stop_grace_s = TERMINATE_GRACE_S
+    stop_grace_s = 2.0  # SIGTERM → SIGKILL
 
     def __init__(
         self,
@@ -89,39 +87,42 @@ class LocalEngine:
         # handed over in a box that start() empties: the kernel holds no extra copy of the
         # pickled arguments once the workers have them
         self.blob_box = [spawn_blob]
-        self.group = self.store = self.sock = None
-        self.t_call = time.monotonic()
+        self.group = self.store = self.sock = self.loop = None
         self.port = None
+        self.start_method = plan.start_method  # forkserver falls back to spawn when no template can start
+        self.template = None
 
     def specs(self) -> list[RankSpec]:
         plan, req = self.plan, self.req
+        launch = launch_settings(plan, self.render, req.return_all)
         extra = {"TORCHELASTIC_RESTART_COUNT": str(req.restart_count)}
         return [
-            RankSpec(
+            RankSpec.build(
+                launch,
                 rank=r,
                 local_rank=r,
                 world_size=plan.num_processes,
-                backend=plan.backend,
                 device=plan.device_for(r),
                 env={**plan.env_for(r, self.port), **extra},
-                return_result=(r == 0 or req.return_all),
-                progress_render=self.render,
-                progress_scope=plan.progress,
-                metrics=plan.metrics,
                 leaves_with_exit=True,  # worker/entry.py: os._exit, no destructor runs
                 stacks_file=stacks_path(self.log_dir, r),
             )
             for r in range(plan.num_processes)
         ]
 
-    def prepare(self) -> None:
+    def prepare(self) -> int:
         """Before the report exists: the imports forked ranks inherit, and the rendezvous port."""
         if self.plan.start_method == "fork":
             warmup.ensure()
+        elif self.plan.start_method == "forkserver":
+            self.template = forkserver.template_for_launch(self.out)
+            self.start_method = "forkserver" if self.template is not None else "spawn"
         self.sock = _listen_socket(self.plan.requested_port, self.out)
         self.port = self.sock.getsockname()[1]
+        return self.port
 
     def start(self, recorder) -> None:
+        recorder.report.start_method = self.start_method  # forkserver may have fallen back to spawn in prepare()
         self.start_ranks()
         recorder.add_ranks((w.rank, w.pid) for w in self.group.workers)
 
@@ -132,10 +133,11 @@ class LocalEngine:
         payloads = [Payload(work=work, spec=s, parent_pid=os.getpid()) for s in self.specs()]
         self.group = WorkerGroup.start(
             payloads,
-            self.plan.start_method,
+            self.start_method,
             spawn_blob=self.blob_box.pop(),
             keep_fds=(self.sock.fileno(),),
             live=live,
+            template=self.template,
         )
         self.store = _start_store(self.sock, self.port, self.plan.num_processes)
         self.sock = None
@@ -143,10 +145,14 @@ class LocalEngine:
     def stop(self) -> None:
         self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
 
-    def wait(self, recorder) -> None:
-        EventLoop(self.group, recorder, timeout=self.plan.timeout, t_call=self.t_call).run()
+    def poll(self, recorder, wait_s: float) -> bool:
+        if self.loop is None:
+            self.loop = EventLoop(self.group, recorder)
+        return self.loop.poll(wait_s)
 
     def close(self, grace: float, recorder) -> None:
+        if self.loop is not None:
+            self.loop.finish()  # every pipe read before the exits are judged
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -79,6 +79,7 @@ class Worker:
     popen: subprocess.Popen | None = None
     status: ExitStatus | None = None
     reaped: bool = False
+    template: object | None = None  # forkserver: the template whose child this is (engines/forkserver.py)
 
 
 def _pidfd(pid: int) -> int | None:
@@ -113,14 +114,15 @@ class WorkerGroup:
         spawn_blob: bytes | None = None,
         keep_fds: tuple[int, ...] = (),
         live: bool = False,
+        template=None,
     ) -> WorkerGroup:
-        """Start one worker per payload (``live``: each with a request pipe). On any failure, everything
-        started is stopped again."""
+        """Start one worker per payload (``live``: each with a request pipe); ``method`` "forkserver" forks
+        them from ``template``. On any failure, everything started is stopped again."""
         group = cls()
         pipes = [RankPipes.create(live) for _ in payloads]
         memfd = None
         try:
-            if method == "spawn":
+            if method in ("spawn", "forkserver"):
                 memfd = os.memfd_create("nblaunch-payload", os.MFD_CLOEXEC)
                 _write_all(memfd, spawn_blob)
             all_launch_fds = [fd for p in pipes for fd in (*p.read_ends(), *p.write_ends())] + list(keep_fds)
@@ -132,10 +134,15 @@ class WorkerGroup:
                     own = set(rp.write_ends())
                     payload.close_fds = tuple(fd for fd in all_launch_fds if fd not in own)
                     pid, popen = _fork(payload, rp), None
+                elif method == "forkserver":
+                    out_w, err_w, events_w, replies_r, *requests_r = rp.write_ends()
+                    fds = (out_w, err_w, events_w, replies_r, memfd, *requests_r)
+                    pid, popen = template.fork(launch_time_request(payload), fds), None
                 else:
                     popen = _spawn(payload, rp, memfd)
                     pid = popen.pid
-                group.workers.append(Worker(payload.spec.rank, pid, rp, _pidfd(pid), popen))
+                owner = template if method == "forkserver" else None
+                group.workers.append(Worker(payload.spec.rank, pid, rp, _pidfd(pid), popen, template=owner))
                 _close_quietly(*rp.write_ends())
         except BaseException:
             for rp in pipes[len(group.workers) :]:
@@ -152,7 +159,9 @@ class WorkerGroup:
     # -- observe ----------------------------------------------------------------------
     def poll(self, w: Worker) -> ExitStatus | None:
         """The worker's exit status if it has ended, without reaping it."""
-        if w.status is None:
+        if w.status is None and w.template is not None:
+            w.status = w.template.exit_status(w.pid, w.pidfd)
+        elif w.status is None:
             try:
                 info = os.waitid(os.P_PID, w.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
@@ -217,6 +226,18 @@ class WorkerGroup:
     def _reap(self, w: Worker) -> None:
         if w.reaped:
             return
+        if w.template is not None:
+            self._release_from_template(w)
+        else:
+            self._wait_child(w)
+        if w.popen is not None:
+            w.popen.returncode = w.status.exitcode if w.status and w.status.exitcode is not None else -1
+        w.reaped = True
+        _close_quietly(*w.pipes.read_ends())
+        if w.pidfd is not None:
+            _close_quietly(w.pidfd)
+
+    def _wait_child(self, w: Worker) -> None:
         while True:
             try:
                 _, raw = os.waitpid(w.pid, 0)
@@ -226,17 +247,18 @@ class WorkerGroup:
                         if os.WIFEXITED(raw)
                         else ExitStatus(None, os.WTERMSIG(raw))
                     )
-                break
+                return
             except ChildProcessError:
-                break
+                return
             except InterruptedError:
                 continue
-        if w.popen is not None:
-            w.popen.returncode = w.status.exitcode if w.status and w.status.exitcode is not None else -1
-        w.reaped = True
-        _close_quietly(*w.pipes.read_ends())
-        if w.pidfd is not None:
-            _close_quietly(w.pidfd)
+
+    def _release_from_template(self, w: Worker) -> None:
+        """A forkserver rank is the template's child, not ours: the template reads its status and reaps it."""
+        if w.pidfd is not None and w.status is None:
+            select.select([w.pidfd], [], [], 5.0)  # SIGKILLed by close(): it ends at once
+        self.poll(w)
+        w.template.release(w.pid)
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -251,6 +273,14 @@ def _fork(payload: Payload, rp: RankPipes) -> int:
         enter_forked(payload, rp.stdout_w, rp.stderr_w)  # never returns
         os._exit(70)
     return pid
+
+
+def launch_time_request(payload: Payload) -> dict:
+    """What a rank forked by the forkserver template takes from the kernel as it is now (not as it was
+    when the template started): working directory, environment (with the rank's contract) and sys.path."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = list(sys.path) + ([here] if here not in sys.path else [])
+    return {"spec": payload.spec, "env": {**os.environ, **payload.spec.env}, "sys_path": path, "cwd": os.getcwd()}
 
 
 def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:

@@ -35,9 +35,9 @@ from ..errors import LaunchConfigError
 from ..launch.report import ExitStatus
 from ..worker.context import set_current
 from ..worker.lifecycle import RankSpec, run_rank
+from .contract import Engine, launch_settings
 
 FLUSH_S = 0.05
-POLL_S = 0.05
 CANCEL_WAIT_S = 15.0
 
 
@@ -116,17 +116,13 @@ def _ray_entry(config: dict) -> None:
     patched = sys.modules.get("ray.train.v2._internal.logging.patch_print")
     builtins.print = getattr(patched, "_original_print", builtins.print)
     try:
-        spec = RankSpec(
+        spec = RankSpec.build(
+            config["launch"],
             rank=rank,
             local_rank=ctx.get_local_rank(),
             world_size=ctx.get_world_size(),
-            backend=config["backend"],
             device=str(ray.train.torch.get_device()),
             env=config["env"],
-            return_result=rank == 0 or config["return_all"],
-            progress_render=config["render"],
-            progress_scope=config["scope"],
-            metrics=config["metrics"],
             init_process_group=False,  # Ray Train has set the process group up across its workers
         )
         end = run_rank(spec, cloudpickle.loads(config["blob"]), events)
@@ -216,26 +212,24 @@ def _check_resources(n: int, per_worker: dict, use_gpu: bool, address: str) -> N
         )
 
 
-class RayEngine:
+class RayEngine(Engine):
     """The ranks as Ray Train workers; their events reach the recorder through the sink actor."""
 
     clock = "wall"  # Ray's workers may be on other machines: only wall time orders their events
-    routes_output = True
-    peer_hint = None
     stop_grace_s = CANCEL_WAIT_S
 
     def __init__(self, req, plan, log_dir: str, out, err, *, render: str, spawn_blob: bytes | None = None):
         self.req, self.plan, self.log_dir, self.render, self.blob = req, plan, log_dir, render, spawn_blob
         self.n = plan.num_processes
-        self.port = 0
-        self.t_call = time.monotonic()
         self.fit = self.sink = None
         self.stop_t: float | None = None
+        self.ended = False  # the fit task's end has been told to the recorder
 
-    def prepare(self) -> None:
+    def prepare(self) -> int:
         cfg = self.plan.ray
         connect(cfg["address"], max(os.cpu_count() or 1, self.n))
         _check_resources(self.n, dict(cfg["resources_per_worker"]), cfg["use_gpu"], cfg["address"])
+        return 0
 
     def start(self, recorder) -> None:
         import ray
@@ -247,11 +241,7 @@ class RayEngine:
             "sink": self.sink,
             "blob": self.blob,
             "env": dict(self.plan.base_env),
-            "backend": self.plan.backend,
-            "render": self.render,
-            "scope": self.plan.progress,
-            "metrics": self.plan.metrics,
-            "return_all": self.req.return_all,
+            "launch": launch_settings(self.plan, self.render, self.req.return_all),
         }
         self.blob = None
         self.fit = ray.remote(num_cpus=0, max_retries=0)(_fit).remote(
@@ -282,30 +272,29 @@ class RayEngine:
             else:
                 recorder.event(rank, kind, payload)
 
-    def wait(self, recorder) -> None:
+    def poll(self, recorder, wait_s: float) -> bool:
         import ray
 
-        deadline = self.t_call + self.plan.timeout if self.plan.timeout else None
-        while True:
-            done, _ = ray.wait([self.fit], timeout=POLL_S)
-            self._drain(recorder)
-            recorder.tick()
-            if done:
-                break
-            if self.stop_t is not None and time.monotonic() - self.stop_t > CANCEL_WAIT_S:
-                return  # close() forces the cancel
-            if deadline is not None and time.monotonic() >= deadline and not recorder.stopping:
-                recorder.timeout(self.plan.timeout)
+        if self.ended:
+            return True
+        done, _ = ray.wait([self.fit], timeout=wait_s)
+        self._drain(recorder)
+        recorder.tick()
+        if not done:
+            return False
+        self.ended = True
         try:
             ray.get(self.fit)
         except BaseException as e:  # noqa: B036 - the recorder reports it, as a WorkerError
             self._drain(recorder)
-            recorder.engine_failed(f"Ray Train failed: {type(e).__name__}: {e}")
-            return
+            if self.stop_t is None:  # (else it is our own cancel, after a failure, the timeout or Ctrl-C)
+                recorder.engine_failed(f"Ray Train failed: {type(e).__name__}: {e}")
+            return True
         self._drain(recorder)
         for rr in recorder.report.ranks:
             if rr.done_s is not None:  # the launched code returned on this rank
                 recorder.exited(rr.rank, ExitStatus(0, None))
+        return True
 
     def close(self, grace: float, recorder) -> None:
         import ray
@@ -313,8 +302,10 @@ class RayEngine:
         if self.fit is not None:
             if not ray.wait([self.fit], timeout=0)[0]:
                 self.stop()
-                # a graceful cancel frees Ray Train's placement group for the next launch: give it time
-                if not ray.wait([self.fit], timeout=max(grace, CANCEL_WAIT_S))[0]:
+                # a graceful cancel frees Ray Train's placement group for the next launch: give it time,
+                # CANCEL_WAIT_S from the cancel (part of it may have passed in run_engine's grace already)
+                left = max(grace, CANCEL_WAIT_S - (time.monotonic() - self.stop_t))
+                if not ray.wait([self.fit], timeout=max(0.0, left))[0]:
                     ray.cancel(self.fit, force=True, recursive=True)  # kills Ray Train's controller and workers
                     ray.wait([self.fit], timeout=CANCEL_WAIT_S)
         if self.sink is not None:

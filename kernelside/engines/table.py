@@ -1,17 +1,9 @@
 """The engines, by name: the one table the launch consults.
 
-Every engine has the same small interface (in the spirit of torch elastic's ``PContext``):
-
-- ``Engine(req, plan, log_dir, out, err)`` — nothing starts yet;
-- ``start(recorder)`` — start the ranks and tell the recorder about them (``add_ranks``);
-- ``wait(recorder)`` — feed the recorder every observation until each rank has ended (or the
-  grace period after the first failure is over); the recorder calls ``stop()`` at the first failure;
-- ``close(grace)`` — whatever is left is stopped, reaped and freed (safe to call twice);
-
-plus the class attributes ``clock`` (the clock its ranks' event times are read on),
-``routes_output`` (the kernel routes rank output to the cell and logs) and ``peer_hint`` (a line
-added when a rank failed because a peer went away). The outcome is the recorder's, never the
-engine's.
+Every engine is an ``engines.contract.Engine`` (in the spirit of torch elastic's ``PContext``):
+it starts ranks, reports what it observes to the run recorder, and stops them; the policy
+(deadline, grace, stop, Ctrl-C) is ``launch.engine.run_engine``'s. The outcome is the
+recorder's, never the engine's.
 
 Example::
 

@@ -22,12 +22,14 @@ import time
 import cloudpickle
 
 from ..config import resolve_config
+from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
+from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
-from ..errors import LaunchConfigError, LaunchError
+from ..errors import CellInterrupted, LaunchConfigError, LaunchError
 from ..worker.context import current as current_worker
-from . import cuda_guard, hardware
+from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
 from .plan import make_plan
 from .recorder import RunRecorder
@@ -36,7 +38,7 @@ from .request import LaunchOutcome, LaunchRequest
 from .run_dir import run_log_dir
 from .run_tracker import track_run
 
-INTERRUPT_GRACE_S = 1.0
+POLL_S = 0.1  # the longest an engine's poll() waits before the deadline and grace are checked again
 _launch_lock = threading.Lock()
 _state = {"last_report": None}
 
@@ -113,7 +115,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         req.fn = req.bind(plan)
     for notice in plan.notices:
         out.write(notice + "\n")
-    blob = _check_picklable(req) if plan.start_method == "spawn" else None
+    blob = _check_picklable(req) if plan.start_method in ("spawn", "forkserver") else None
     if not _launch_lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
@@ -129,17 +131,20 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
 
 
 def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker=None) -> LaunchOutcome:
-    """One run of the kernel loop on ``engine``: report, output routing, widgets, recorder, outcome.
+    """One run of the kernel loop on ``engine`` (``engines.contract.Engine``): report, output routing,
+    widgets, recorder, outcome — and the policy, which is this function's alone: the deadline
+    (``plan.timeout``), how long ranks get to stop, and what Ctrl-C does.
 
     ``launch()`` runs each launch through it; a live session runs each cell through it
     (``live.cell_engine``), so both share every output, failure and interrupt rule.
     """
-    engine.prepare()
+    t_call = time.monotonic()
+    port = engine.prepare()
     report = LaunchReport(
         world_size=plan.num_processes,
         backend=plan.backend,
-        start_method=plan.start_method,
-        port=engine.port or 0,
+        start_method=plan.start_method,  # (the engine says so in start() when it fell back)
+        port=port or 0,
         log_dir=log_dir,
         started_at=time.time(),
         engine=plan.engine,
@@ -147,9 +152,14 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     )
     _state["last_report"] = report
     router = None
-    if engine.routes_output:
-        router = RankOutputRouter(plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix)
-    display = make_run_display(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    # a live cell draws its display only once there is something to show (display/deferred_display.py)
+    make = deferred_run_display if engine.defer_display else make_run_display
+    display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
+    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.log_tails is None else None
+    if engine.log_tails is None:
+        router = RankOutputRouter(
+            plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
+        )
     recorder = RunRecorder(
         report,
         clock=engine.clock,
@@ -157,28 +167,80 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         display=display,
         on_event=req.on_event,
         stop=engine.stop,
-        tails=router or engine,
+        tails=router or engine.log_tails,
         peer_hint=engine.peer_hint,
-        t_call=engine.t_call,
+        t_call=t_call,
         gpu=sampler_for(plan.gpu_ids),
         tracker=tracker,
+        where=lambda: _where_ranks_were(report, engine),
     )
     interrupted = None
     try:
         engine.start(recorder)
         if display is not None:
             display.show()
-        engine.wait(recorder)
+        if tabs is not None:
+            tabs.show()
+        _watch(engine, recorder, plan.timeout, t_call)
     except KeyboardInterrupt as e:
-        interrupted = e
-        recorder.interrupted()
-        raise
+        # Said before the ranks are stopped (where each one was), raised once they are gone; the stack of
+        # this loop is nblaunch's plumbing, so the notebook shows one line saying what became of the ranks.
+        message = None if isinstance(e, CellInterrupted) else _interrupted_message(report, engine)
+        recorder.stop_for_interrupt()
+        try:
+            _watch(engine, recorder, None, t_call)  # the ranks' grace to end (or come back to rest)
+        except KeyboardInterrupt:
+            pass  # a second Ctrl-C: no more waiting
+        interrupted = engine.interrupt_error(recorder) or (e if message is None else CellInterrupted(message))
     finally:
-        # (stopped from the panel: the engine's loop has given the ranks their grace already)
-        grace = INTERRUPT_GRACE_S if interrupted else 0.0 if report.outcome == "stopped" else engine.stop_grace_s
+        # (after Ctrl-C the grace was given above; stopped from the panel: the recorder's shorter one was)
+        grace = 0.0 if interrupted or report.outcome == "stopped" else engine.stop_grace_s
         engine.close(grace, recorder)
         recorder.close()
         if interrupted is not None:
             recorder.finish_interrupted(interrupted)
+    if interrupted is not None:
+        raise interrupted from None
     value, values = recorder.outcome(req.return_all)
     return LaunchOutcome(value, values, report)
+
+
+def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
+    """Poll ``engine`` until the run is over, applying the deadline and, once stopping, the grace."""
+    deadline = t_call + timeout if timeout else None
+    while True:
+        now = time.monotonic()
+        stopping = recorder.stopping_since
+        if stopping is not None and now - stopping > (recorder.grace_s or engine.stop_grace_s):
+            return  # the engine's close() kills what is left
+        if deadline is not None and stopping is None and now >= deadline:
+            recorder.timeout(timeout)  # the recorder asks the engine to stop every rank
+            continue
+        wait = POLL_S if deadline is None or stopping is not None else max(0.0, min(POLL_S, deadline - now))
+        if engine.poll(recorder, wait):
+            return
+
+
+def _interrupted_message(report: LaunchReport, engine) -> str:
+    """■ during a one-shot run: where each unfinished rank was, that they were stopped and nothing is left running
+    (said before they are stopped, raised once they are gone)."""
+    where = _where_ranks_were(report, engine)
+    return (
+        f"the run was interrupted (■): its {report.world_size} ranks were stopped and nothing is left running."
+        + (f"\nWhere the unfinished ranks were:\n{where}" if where else "")
+        + f"\nLogs of every rank: {report.log_dir}"
+    )
+
+
+def _where_ranks_were(report: LaunchReport, engine) -> str:
+    """Each unfinished rank's line and collective, from its stack (``rank_stacks``), asked before it is stopped;
+    '' on engines whose ranks are not this kernel's children (Ray, torch's elastic launcher)."""
+    group = getattr(engine, "group", None)
+    if group is None:
+        return ""
+    finished = {r.rank for r in report.ranks if r.state.is_final}
+    targets = [(w.rank, w.pid, None) for w in group.workers if w.status is None and w.rank not in finished]
+    if not targets:
+        return ""
+    answer = rank_stacks.StackRequest.send(report.log_dir, targets).collect(label=rank_stacks.kernel_label)
+    return "\n".join("  " + line for line in rank_stacks.describe(answer).splitlines())

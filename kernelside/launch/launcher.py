@@ -59,7 +59,7 @@ def notebook_launcher(
 
     Takes every argument of ``accelerate.notebook_launcher`` with the same meaning, so replacing
     the import is enough. Keyword-only extras: ``backend`` ("auto" | "nccl" | "gloo"),
-    ``start_method`` ("auto" | "fork" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
+    ``start_method`` ("auto" | "fork" | "forkserver" | "spawn"), ``gpu_ids`` ("all" or "0,1"), ``output``
     ("rank0" | "all" | "none"), ``return_all`` (list of every rank's value), ``timeout``
     (seconds), ``config`` (path of an nblaunch.yaml), ``kwargs`` (keyword arguments for
     ``function``), ``engine`` ("local" | "ray": Ray Train on the cluster at ``ray_address``), ``metrics``
@@ -102,6 +102,7 @@ def notebook_launcher(
     if rdzv_backend not in ("static", "c10d", None):
         raise LaunchConfigError("rdzv_backend", rdzv_backend, "'static' or 'c10d'")
     arguments = config_arguments(
+        "notebook_launcher",
         num_processes=num_processes,
         mixed_precision=mixed_precision,
         use_port=use_port,
@@ -154,6 +155,7 @@ def _across_machines(a: dict):
         ip = a["master_addr"]
     per_node = a["num_processes"]  # Accelerate's notebook_launcher counts processes per machine
     arguments = config_arguments(
+        "notebook_launcher",
         num_processes=per_node * num_nodes if per_node else None,
         mixed_precision=a["mixed_precision"],
         use_port=port,

@@ -20,13 +20,14 @@ import os
 from ..config.launch_rules import DEFAULT_PORT, default_processes_per_machine, processes_per_machine
 from ..config.resolve import ResolvedConfig
 from ..errors import LaunchConfigError
+from .accelerate_env import accelerate_env
 
 
 @dataclasses.dataclass(frozen=True)
 class LaunchPlan:
     num_processes: int  # every rank of the launch, on all machines (WORLD_SIZE)
     backend: str  # "nccl" | "gloo"
-    start_method: str  # "fork" | "spawn"
+    start_method: str  # "fork" | "forkserver" | "spawn"
     start_reason: str  # one line on why this start method (shown to the user when it matters)
     gpu_ids: tuple[int, ...]  # indices, as the kernel sees them, of the GPUs the ranks use; () on CPU
     use_cpu: bool
@@ -131,7 +132,8 @@ def explain_backend(requested: str, backend: str, num_processes: int, gpu_ids: t
 
 
 def choose_start_method(requested: str, cuda_initialized: bool, init_site: str | None) -> tuple[str, str]:
-    """fork when safe; spawn when CUDA is already initialized in the kernel."""
+    """fork when safe; once CUDA is initialized in the kernel, the forkserver: ranks forked from a clean
+    template process that holds torch (``engines.forkserver``), as fast as fork and as safe as spawn."""
     # init_site is a place ("train.py:12", "cell In[3], line 2") or, for the driver below torch, a
     # phrase of its own ("by a library below torch: ...").
     where = "" if not init_site else (f" {init_site}" if init_site.startswith("by ") else f" at {init_site}")
@@ -142,40 +144,20 @@ def choose_start_method(requested: str, cuda_initialized: bool, init_site: str |
                 "fork",
                 None,
                 message=f"start_method='fork' is not possible: CUDA is already initialized in this kernel{where}, and "
-                "forked workers would inherit a broken CUDA context. Use start_method='spawn' (or 'auto'), "
-                "or restart the kernel and move the CUDA call into the launched function. Nothing was started.",
+                "forked workers would inherit a broken CUDA context. Use start_method='forkserver' (or 'auto'; "
+                "'spawn' works too, slower), or restart the kernel and move the CUDA call into the launched "
+                "function. Nothing was started.",
             )
         return "fork", "start_method='fork' was asked for"
-    if requested == "spawn":
-        return "spawn", "start_method='spawn' was asked for"
+    if requested in ("spawn", "forkserver"):
+        return requested, f"start_method={requested!r} was asked for"
     if cuda_initialized:
-        return "spawn", (
-            f"nblaunch: using spawn because CUDA was initialized in this kernel{where}; to get the faster "
-            "fork back, restart the kernel and keep CUDA calls inside the launched code."
+        return "forkserver", (
+            f"nblaunch: using the forkserver, not fork, because CUDA was initialized in this kernel{where}: the "
+            "ranks start from a clean process that already holds torch, so they inherit nothing of this kernel "
+            "(names reach them pickled, as under spawn)."
         )
     return "fork", "fork is safe: CUDA is not initialized in this kernel"
-
-
-def accelerate_env(values: dict, use_cpu: bool) -> dict:
-    """The ACCELERATE_* variables that make ``Accelerator()`` in a worker pick the configuration up."""
-    env = {"ACCELERATE_MIXED_PRECISION": values["mixed_precision"]}
-    if use_cpu:
-        env["ACCELERATE_USE_CPU"] = "true"
-    if values.get("debug"):
-        env["ACCELERATE_DEBUG_MODE"] = "true"
-    if values.get("downcast_bf16"):
-        env["ACCELERATE_DOWNCAST_BF16"] = "true"
-    for k, v in (values.get("dynamo_config") or {}).items():
-        env["ACCELERATE_" + k.upper()] = str(v)
-    if values.get("fsdp_config"):
-        env["ACCELERATE_USE_FSDP"] = "true"
-        for k, v in values["fsdp_config"].items():
-            env["FSDP_" + k.upper().removeprefix("FSDP_")] = str(v).lower() if isinstance(v, bool) else str(v)
-    if values.get("deepspeed_config"):
-        env["ACCELERATE_USE_DEEPSPEED"] = "true"
-        for k, v in values["deepspeed_config"].items():
-            env["ACCELERATE_DEEPSPEED_" + k.upper()] = str(v).lower() if isinstance(v, bool) else str(v)
-    return env
 
 
 def _visible_physical(count: int) -> list[str]:
@@ -198,10 +180,15 @@ def make_plan(cfg: ResolvedConfig, *, gpus: int, cuda_initialized: bool, init_si
     per_machine = processes_per_machine(v, len(gpu_ids))
     backend = choose_backend(v["backend"], per_machine, gpu_ids, use_cpu)
     method, reason = choose_start_method(v["start_method"], cuda_initialized, init_site)
+    if method == "forkserver" and machines > 1:  # torch's elastic launcher runs the ranks: spawn
+        method, reason = "spawn", reason.replace("the forkserver, not fork", "spawn, not fork")
     backend_reason = explain_backend(v["backend"], backend, per_machine, gpu_ids, use_cpu)
 
     env = {str(k): str(x) for k, x in v["env"].items()}
-    env.update(accelerate_env(v, use_cpu))
+    # the Accelerate config file this launch amounts to: its process count and port, as the plan decides them
+    port = v["main_process_port"] or DEFAULT_PORT
+    as_launched = {**v, "num_processes": per_machine * machines, "main_process_port": port}
+    env.update(accelerate_env(as_launched, use_cpu))
     env.setdefault("PYTHONUNBUFFERED", "1")  # the worker's own subprocesses stream live too
     if "OMP_NUM_THREADS" not in env and "OMP_NUM_THREADS" not in os.environ:  # a user's own value stays
         env["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // per_machine))  # cores shared out, as torchrun
@@ -268,12 +255,12 @@ def ray_plan(v: dict) -> LaunchPlan:
         )
     per_worker = dict(v["resources_per_worker"])
     env = {str(k): str(x) for k, x in v["env"].items()}
-    env.update(accelerate_env(v, not use_gpu))
+    n = v["num_processes"] or default_processes_per_machine(0)
+    env.update(accelerate_env({**v, "num_processes": n}, not use_gpu))
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("OMP_NUM_THREADS", str(max(1, int(per_worker.get("CPU", 1)))))
     if v["ray_address"] == "local" and "GLOO_SOCKET_IFNAME" not in os.environ and "GLOO_SOCKET_IFNAME" not in env:
         env["GLOO_SOCKET_IFNAME"] = "lo"  # a Ray of this kernel's own: everything stays on 127.0.0.1
-    n = v["num_processes"] or default_processes_per_machine(0)
     return LaunchPlan(
         num_processes=n,
         backend=backend,

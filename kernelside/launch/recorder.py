@@ -57,8 +57,10 @@ class RunRecorder:
         t_call: float | None = None,
         gpu=None,
         tracker=None,
+        where=None,
     ):
         self.report = report
+        self.where = where  # where() -> each unfinished rank's line and collective, asked before a timeout or Stop
         self.clock = clock
         self.now = CLOCKS[clock]
         self.t_call = time.monotonic() if t_call is None else t_call  # when the launch began (monotonic)
@@ -178,12 +180,13 @@ class RunRecorder:
             rr.status = status
 
     def timeout(self, seconds: float) -> None:
+        self._note_where()
         self._fail(
             Failure(
                 rank=None,
                 kind="timeout",
                 t=self.now(),
-                message=f"the run exceeded timeout={seconds:g}s and every rank was stopped",
+                message=f"the run exceeded timeout={seconds:g}s",
             ),
             outcome="timeout",
         )
@@ -201,8 +204,15 @@ class RunRecorder:
         if self.stopping:
             return False
         self.grace_s = STOP_GRACE_S
+        self._note_where()
         self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=STOPPED_MESSAGE), outcome="stopped")
         return True
+
+    def _note_where(self) -> None:
+        """Before the ranks are stopped: where each unfinished one was, for the error (``launch.rank_stacks``)."""
+        where = self.where() if self.where is not None and not self.stopping else ""
+        if where:
+            self.note(f"where the unfinished ranks were:\n{where}")
 
     def interrupted(self) -> None:
         self.report.outcome = "interrupted"

@@ -166,6 +166,13 @@ class LaunchReport:
         )
         return head + "\n\n" + "\n".join(rows)
 
+    def _repr_html_(self) -> str:
+        """The same table, with each rank's log linked: nblaunch's JupyterLab extension opens it in a log tab
+        (the path stays in the link's hover text and in the markdown form)."""
+        from ..display.report_view import report_html
+
+        return report_html(self)
+
     def __repr__(self) -> str:
         lines = [
             f"LaunchReport(outcome={self.outcome!r}, world_size={self.world_size}, backend={self.backend!r}, "
@@ -190,7 +197,13 @@ def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     parts, quoted = [], [root]
     if root.kind == "left":  # a rank's own sys.exit(0) while its peers waited for it
         parts, quoted = _departure_parts(report, root)
-    elif root.kind in ("timeout", "stopped"):
+    elif root.kind == "timeout":
+        # a live session's ranks go back to idle (the notes say if the session restarted); one-shot ranks end
+        after = (
+            "every rank stopped the cell" if report.session else "every rank was stopped and nothing is left running"
+        )
+        parts.append(f"nblaunch: {root.message}: {after} ({report.world_size} ranks).")
+    elif root.kind == "stopped":
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
     elif root.rank is None:  # the engine itself failed (Ray Train), with no rank to blame
         return f"nblaunch: {root.message}\nlogs of every rank: {report.log_dir}"

@@ -23,11 +23,11 @@ _lock = threading.Lock()
 
 
 def _import() -> None:
-    import torch.distributed  # noqa: F401
-    import torch.nn.parallel  # noqa: F401
+    from ..worker.warm_imports import import_rank_modules
 
-    try:
-        import torch._dynamo  # noqa: F401  (imported by the first DDP construction)
+    import_rank_modules()
+    try:  # the launch plan asks Accelerate's launcher for the ranks' ACCELERATE_* variables (accelerate_env.py)
+        import accelerate.commands.launch  # noqa: F401
     except Exception:
         pass
 

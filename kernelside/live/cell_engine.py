@@ -1,6 +1,6 @@
 """One run of the kernel loop over a live session's ranks: a cell, a function call, a push, or the start.
 
-``LiveRunEngine`` has the engine interface of ``engines.table`` and goes through the same
+``LiveRunEngine`` is an ``engines.contract.Engine`` and goes through the same
 ``launch.engine.run_engine`` as a one-shot launch (same report, output routing, widgets and
 RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
 part is back to ``idle`` for this request (not when processes exit), and stopping a rank means
@@ -21,6 +21,7 @@ import os
 import signal
 import time
 
+from ..engines.contract import Engine
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
 from ..run_contract import RankState
@@ -30,27 +31,24 @@ RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may la
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
 
 
-class LiveRunEngine:
-    """The engine interface over a live session's ranks, for one request."""
+class LiveRunEngine(Engine):
+    """The engine contract over a live session's ranks, for one request."""
 
-    clock = "monotonic"
-    routes_output = True
-    peer_hint = None
-    stop_grace_s = 0.0
+    stop_grace_s = SETTLE_S  # (run_engine's deadline is the plan's timeout, the session's or the cell's)
+    defer_display = True  # a quick cell opens no widget (launch.engine.run_engine)
 
     def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
+        """(``timeout`` is the plan's, which ``run_engine`` applies: accepted here for the session's calls.)"""
         self.session, self.req_id, self.ranks = session, req_id, tuple(ranks)
-        self.blob, self.timeout, self.label = blob, timeout, label
+        self.blob, self.label = blob, label
         self.render = session.render
-        self.port = session.world.port
-        self.t_call = time.monotonic()
         self.signalled_at: float | None = None
-        self.recorder = None
+        self.recorder = self.loop = None
         self.restart_reason: str | None = None
 
-    # -- the engine interface --------------------------------------------------------------
-    def prepare(self) -> None:
-        pass
+    # -- the engine contract ---------------------------------------------------------------
+    def prepare(self) -> int:
+        return self.session.world.port
 
     def start(self, recorder) -> None:
         workers = self.session.world.group.workers
@@ -75,21 +73,25 @@ class LiveRunEngine:
                 except (ProcessLookupError, PermissionError):
                     pass
 
-    def wait(self, recorder) -> None:
-        try:
-            self._loop(recorder, timeout=self.timeout)
-        except KeyboardInterrupt:
-            recorder.stop_for_interrupt()
-            try:
-                self._loop(recorder, timeout=None, give_up_at=time.monotonic() + SETTLE_S)
-            except KeyboardInterrupt:
-                pass  # a second Ctrl-C: no more waiting, the restart below
-            back = "every rank stopped the cell and kept its state" if self._all_back(recorder) else ""
-            raise CellInterrupted(back or "the cell was interrupted") from None
+    def poll(self, recorder, wait_s: float) -> bool:
+        if self.loop is None:
+            self.loop = EventLoop(
+                self.session.world.group,
+                recorder,
+                until=lambda: self._all_back(recorder),
+                readers=self.session.readers,
+            )
+        return self.loop.poll(wait_s)
+
+    def interrupt_error(self, recorder) -> BaseException:
+        back = "every rank stopped the cell and kept its state" if self._all_back(recorder) else ""
+        return CellInterrupted(back or "the cell was interrupted")
 
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
         ranks that cannot come up are the session's to handle, see ``LiveSession._bring_up``.)"""
+        if self.loop is not None:
+            self.loop.finish()
         reason = self._broken(recorder) if self.req_id else None
         if reason is None or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
@@ -106,17 +108,6 @@ class LiveRunEngine:
             recorder.note(message)
 
     # -- inside ----------------------------------------------------------------------------
-    def _loop(self, recorder, *, timeout, give_up_at=None) -> None:
-        EventLoop(
-            self.session.world.group,
-            recorder,
-            timeout=timeout,
-            t_call=self.t_call,
-            until=lambda: self._all_back(recorder),
-            give_up_at=give_up_at,
-            readers=self.session.readers,
-        ).run()
-
     def _back(self, rank: int) -> bool:
         return self.recorder is not None and self.recorder.rank_state(rank) is RankState.IDLE
 

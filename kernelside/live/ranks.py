@@ -51,4 +51,6 @@ class LiveRanks:
 def start(num_processes=None, *, config=None, **options) -> LiveRanks:
     """Start live ranks (the options of ``%distributed_start``: mixed_precision, backend, start_method,
     gpu_ids, output, progress, timeout, port); return once every rank is ready."""
-    return LiveRanks(LiveSession.start(config_arguments(num_processes=num_processes, **options), config=config))
+    return LiveRanks(
+        LiveSession.start(config_arguments("start", num_processes=num_processes, **options), config=config)
+    )

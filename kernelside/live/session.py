@@ -95,6 +95,7 @@ class LiveSession:
         self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
+        self.start_display = None  # the start cell's RunDisplay (widgets only), told when the session ends
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
@@ -155,6 +156,12 @@ class LiveSession:
         self.runs.close(state, error)  # the ranks (now dead) are still listed in the final state
         self.world = None
         self.logs.close()
+        display, self.start_display = self.start_display, None
+        # (only from the kernel's main thread: a widget message sent from the panel's Stop thread would open
+        # sockets of that thread in the kernel, which outlive it)
+        if display is not None and threading.current_thread() is threading.main_thread():
+            how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
+            display.session_ended(f"session stopped {how}".rstrip() + "; nothing is left running")
 
     def _start_world(self) -> None:
         fork = self.plan.start_method == "fork"
@@ -183,10 +190,15 @@ class LiveSession:
         self.runs.restarted()
 
     def _ready_engine(self) -> LiveRunEngine:
-        return LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+        engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
+        engine.defer_display = False  # the start cell shows the session's status line until the session ends
+        return engine
 
     def _await_ready(self) -> None:
-        self._run(self._ready_engine(), LaunchRequest(fn=None), self.plan)
+        engine = self._ready_engine()
+        self._run(engine, LaunchRequest(fn=None), self.plan)
+        # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
+        self.start_display = engine.recorder.display if engine.recorder is not None else None
         self.ready = True
 
     def _bring_up(self, what: str, cause: BaseException | None = None) -> None:

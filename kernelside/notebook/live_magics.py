@@ -22,6 +22,7 @@ from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
 from ..live import registry as live
 from .cell import prepare_cell
+from .cell_label import cell_label
 
 # flags fixed for the whole session; a cell that gives another value is refused
 SESSION_FLAGS = {
@@ -53,6 +54,7 @@ def parse_ranks(spec: str | None, world: int) -> tuple[int, ...] | None:
 def check_cell_flags(session, args) -> None:
     """A per-cell flag that contradicts the session is an error that names both values; nothing runs."""
     given = config_arguments(
+        "flag",
         num_processes=args.num_processes,
         backend=args.backend,
         start_method=args.start_method,
@@ -105,7 +107,7 @@ def run_live_cell(shell, session, args, cell: str, return_names, return_from):
         return_from = chosen[0]  # the default follows the cell to the ranks it runs on
     if isinstance(return_from, int) and return_from not in chosen:
         raise LaunchConfigError("--return-from", return_from, f"one of the ranks the cell runs on: {chosen}")
-    program = prepare_cell(cell, cell_label=f"In[{shell.execution_count}]", line_offset=1, return_names=return_names)
+    program = prepare_cell(cell, cell_label=cell_label(shell), line_offset=1, return_names=return_names)
     senders = set(chosen) if return_from == "all" else {chosen[0], return_from}
     outcome = session.run_cell(
         program,
@@ -121,6 +123,7 @@ def run_live_cell(shell, session, args, cell: str, return_names, return_from):
 def flag_arguments(args, **extra) -> dict:
     """The launch settings a %%distributed / %distributed_start line gave, under their schema names."""
     return config_arguments(
+        "flag",
         **extra,
         num_processes=args.num_processes,
         backend=args.backend,
@@ -148,7 +151,7 @@ class LiveMagics(Magics):
     @magic_arguments()
     @argument("-n", "--num-processes", type=int, default=None, help="Number of ranks (as for %%distributed).")
     @argument("--backend", default=None, help="auto | nccl | gloo.")
-    @argument("--start-method", default=None, help="auto | fork | spawn.")
+    @argument("--start-method", default=None, help="auto | fork | forkserver | spawn.")
     @argument("--mixed-precision", default=None, help="no | fp16 | bf16 | fp8.")
     @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
     @argument("--output", default=None, help="Whose output shows in the cells: rank0 | all | none.")

@@ -14,20 +14,18 @@ Example (in a notebook)::
 
 from __future__ import annotations
 
-import sys
-
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
-from ..engines.table import engine_class
 from ..errors import LaunchConfigError
-from ..launch import hardware
-from ..launch.engine import last_report, launch, plan_for
+from ..launch.engine import last_report, launch
 from ..launch.request import LaunchRequest
 from ..live import registry as live_session
 from .cell import prepare_cell, ship_namespace
+from .cell_label import cell_label
+from .config_report import config_report
 from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
 from .live_magics import flag_arguments, run_live_cell
 
@@ -61,7 +59,7 @@ class DistributedMagics(Magics):
         help="Number of workers (default: from nblaunch.yaml, else one per GPU, or 2 without GPUs).",
     )
     @argument("--backend", default=None, help="auto | nccl | gloo (auto: nccl when each rank has its own GPU).")
-    @argument("--start-method", default=None, help="auto | fork | spawn (auto: fork unless CUDA is initialized here).")
+    @argument("--start-method", default=None, help="auto | fork | forkserver | spawn (see start_method).")
     @argument("--mixed-precision", default=None, help="no | fp16 | bf16 | fp8 (read by Accelerate in the workers).")
     @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
     @argument("--output", default=None, help="Whose output shows in the cell: rank0 | all | none.")
@@ -127,9 +125,7 @@ class DistributedMagics(Magics):
                 None,
                 message="--ranks needs a live session (%distributed_start): a one-shot cell runs on every rank.",
             )
-        program = prepare_cell(
-            cell, cell_label=f"In[{shell.execution_count}]", line_offset=1, return_names=return_names
-        )
+        program = prepare_cell(cell, cell_label=cell_label(shell), line_offset=1, return_names=return_names)
 
         def bind(plan):
             if isinstance(return_from, int) and return_from >= plan.num_processes:
@@ -143,7 +139,7 @@ class DistributedMagics(Magics):
             return program
 
         arguments = flag_arguments(args, engine=args.engine, metrics=args.metrics)
-        remember_cell(CellRecord(cell, f"In[{shell.execution_count}]", arguments, args.config))
+        remember_cell(CellRecord(cell, cell_label(shell), arguments, args.config))
         req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
         outcome = launch(req)
         results = outcome.values if req.return_all else [outcome.value]
@@ -165,7 +161,7 @@ class DistributedMagics(Magics):
         """
         args = parse_argstring(self.distributed_export, line)
         ns = self.shell.user_ns
-        overrides = config_arguments(num_processes=args.num_processes, port=args.port)
+        overrides = config_arguments("flag", num_processes=args.num_processes, port=args.port)
         if args.function is None:
             record = last_cell()
             if record is None:
@@ -196,32 +192,15 @@ class DistributedMagics(Magics):
 
     @line_magic
     def distributed_config(self, line):
-        """Show the configuration the next launch would use, where each value comes from, and the plan."""
+        """Show the configuration the next launch would use: what differs from the defaults first and where it
+        comes from, values a launch would refuse, then the defaults and the plan."""
         path = line.strip() or None
         session = live_session.current()
         if session is not None:
             print(f"live session: {session.describe()} (cells run on it; %distributed_status for its ranks)")
         else:
             print("live session: none (each %%distributed cell starts its own workers; %distributed_start for one)")
-        cfg = resolve_config({}, config=path)
-        gpus = hardware.gpu_count()
-        out = [f"config file: {cfg.path or '(none found; using defaults)'}"]
-        width = max(len(k) for k in cfg.values)
-        for k, v in cfg.values.items():
-            out.append(f"  {k:<{width}}  {v!r:<24} from {cfg.sources[k]}")
-        out += [f"  warning: {w}" for w in cfg.warnings]
-        out.append(f"detected: {gpus} GPU(s), {_cpu_count()} CPU core(s), python {sys.executable}")
-        try:
-            plan = plan_for(cfg)
-            engine_class(plan.engine)  # a missing engine library is named here too
-            out.append(
-                f"plan: {plan.num_processes} processes, backend {plan.backend}, devices "
-                f"{[plan.device_for(r) for r in range(plan.num_processes)]}"
-            )
-            out.append(f"start method: {plan.start_method} ({plan.start_reason.removeprefix('nblaunch: ')})")
-        except (LaunchConfigError, NotImplementedError) as e:
-            out.append(f"plan: not possible: {e}")
-        print("\n".join(out))
+        print(config_report(resolve_config({}, config=path, lenient=True)))
 
     @line_magic
     def distributed_last(self, line):
@@ -258,12 +237,6 @@ def _bring_back(shell, results: list, return_names, return_from, ranks: tuple[in
 # A misspelt or shortened flag is an error, never silently taken for another flag.
 DistributedMagics.distributed.parser.allow_abbrev = False
 DistributedMagics.distributed_export.parser.allow_abbrev = False
-
-
-def _cpu_count() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
 
 
 def register(ipython) -> None:

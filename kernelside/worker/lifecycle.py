@@ -26,8 +26,10 @@ import time
 import traceback
 
 from . import (
+    accelerate_ranks,
     context,
     group_owner,
+    lightning_bars,
     metric_capture,
     progress,
     rank_debugger,
@@ -35,6 +37,7 @@ from . import (
     rank_display,
     rank_identity,
     rank_stdin,
+    rank_streams,
     sharded_results,
     stack_signal,
 )
@@ -63,6 +66,45 @@ class RankSpec:
     # default group is then a no-op, as nothing at the rank's end runs the group's destructor (group_owner.py)
     leaves_with_exit: bool = False
     stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_signal.py); "" for none
+
+    @classmethod
+    def build(
+        cls,
+        launch: dict,
+        *,
+        rank: int,
+        local_rank: int,
+        world_size: int,
+        device: str,
+        env: dict,
+        init_process_group: bool = True,
+        leaves_with_exit: bool = False,
+        stacks_file: str = "",
+    ) -> RankSpec:
+        """The one place a rank's spec is made: the launch-wide settings (``engines.contract.launch_settings``,
+        plain data that travels to any engine's workers) plus who this rank is.
+
+        Example::
+
+            >>> launch = {"backend": "gloo", "render": "text", "scope": "rank0", "metrics": "on", "return_all": False}
+            >>> RankSpec.build(launch, rank=1, local_rank=1, world_size=2, device="cpu", env={}).return_result
+            False
+        """
+        return cls(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            backend=launch["backend"],
+            device=device,
+            env=env,
+            return_result=rank == 0 or launch["return_all"],
+            progress_render=launch["render"],
+            progress_scope=launch["scope"],
+            metrics=launch["metrics"],
+            init_process_group=init_process_group,
+            leaves_with_exit=leaves_with_exit,
+            stacks_file=stacks_file,
+        )
 
 
 @dataclasses.dataclass
@@ -158,7 +200,8 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
             )
         )
         rank_identity.become_launched_worker(spec.rank)  # no interactive markers, clean Accelerate state
-        if replies_fd >= 0:
+        if replies_fd >= 0:  # the local engine: a kernel loop reads this rank's pipes, in order
+            rank_streams.marks_are_read()
             rank_display.install(events, spec.rank)  # rank 0's display() / plt.show() reach the cell
             rank_stdin.install(events, replies_fd, spec.rank)  # rank 0's input() / pdb answered in the cell
         if spec.init_process_group:
@@ -169,7 +212,9 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         group_owner.take_over(list(namespaces) + ([vars(main)] if main is not None else []), own_destroy)
         rank_debugger.install_distributed_breakpoint()  # torch's reads /dev/stdin: any rank, from the cell
         progress.install_in_worker()
+        lightning_bars.install_in_worker()
         metric_capture.install_in_worker(spec.metrics == "on")
+        accelerate_ranks.install_in_worker(spec.device)
         return None
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         _report(events, e, phase)

@@ -19,8 +19,8 @@ same buffer and throttle as ``log_metrics()``: the points reach the run report (
 is recorded once, at the outermost call.
 
 A library imported before the launch (in the kernel, inherited by fork) is patched at install;
-one imported later, inside the rank, is patched as its module finishes importing (an import
-hook). ``metrics="off"`` (``--metrics off``, the ``metrics`` config key) installs nothing;
+one imported later, inside the rank, is patched as its module finishes importing (``import_patches.py``:
+an import hook). ``metrics="off"`` (``--metrics off``, the ``metrics`` config key) installs nothing;
 ``log_metrics()`` called explicitly keeps drawing, since the user asked for it by name.
 
 Example (inside a %%distributed cell, nothing to add)::
@@ -33,12 +33,12 @@ Example (inside a %%distributed cell, nothing to add)::
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 from collections.abc import Mapping
 
 from . import progress
 from .context import current as current_worker
+from .import_patches import when_imported
 
 _depth = [0]  # captured calls in progress: only the outermost one records
 _state = {"rank": 0, "all": False, "broken": set()}
@@ -213,43 +213,6 @@ def _patch_module(module) -> None:
             _wrap(owner, method, capture)
 
 
-class _PatchingLoader:
-    """The real loader, plus the patch once the module has run."""
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _patch_module(module)
-
-    def __getattr__(self, name):  # get_source, is_package, ...: whatever else asks the loader
-        return getattr(self._loader, name)
-
-
-class _PatchOnImport(importlib.abc.MetaPathFinder):
-    """Finds nothing itself: for a watched module it asks the other finders and wraps the loader."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in _PATCHES:
-            return None
-        for finder in sys.meta_path:
-            if finder is self or not hasattr(finder, "find_spec"):
-                continue
-            spec = finder.find_spec(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _PatchingLoader(spec.loader)
-                return spec
-        return None
-
-
-_FINDER = _PatchOnImport()
-
-
 def install_in_worker(enabled: bool = True) -> bool:
     """Capture the frameworks' loggers in this worker, if it shows metrics and capture is on. True if installed."""
     ctx = current_worker()
@@ -263,9 +226,5 @@ def install_in_worker(enabled: bool = True) -> bool:
 
     _tensor[0] = torch.Tensor
     for name in _PATCHES:
-        module = sys.modules.get(name)
-        if module is not None:
-            _patch_module(module)
-    if _FINDER not in sys.meta_path:
-        sys.meta_path.insert(0, _FINDER)
+        when_imported(name, _patch_module)
     return True

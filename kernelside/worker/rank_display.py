@@ -58,7 +58,6 @@ def install(events, rank: int) -> None:
         _state["formatter"] = None
         return
     _state["events"] = events
-    rank_streams.ensure_counted()
     mod = sys.modules.get(_TARGET_MODULE)
     if mod is not None:
         _replace(mod)
@@ -134,9 +133,8 @@ def publish_display_data(data, metadata=None, *, transient=None, update=False, *
 
 def _send(payload: dict) -> None:
     events = _state["events"]
-    payload["pos"] = rank_streams.positions()  # after this much text, and before what follows
     try:
-        events.send("display", payload)
+        rank_streams.send_marked(events, "display", payload)  # after the text before it, before what follows
     except Exception as e:  # a bundle that cannot be pickled: show what it says as text
         text = payload.get("data", {}).get("text/plain", "")
         sys.stderr.write(f"nblaunch: rich output could not be sent to the notebook ({type(e).__name__}: {e})\n")

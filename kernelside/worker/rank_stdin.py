@@ -54,11 +54,10 @@ class _Asker:
         """``text``: what to show in the cell before the prompt (a debugger's output on a rank other than 0)."""
         with self.lock:
             rid = next(self.ids)
-            pos = rank_streams.positions()  # the prompt comes after everything printed so far
-            request = {"id": rid, "prompt": prompt, "password": password, "pos": pos}
+            request = {"id": rid, "prompt": prompt, "password": password}
             if text:
                 request["text"] = text
-            self.events.send("input_request", request)
+            rank_streams.send_marked(self.events, "input_request", request)  # after everything printed so far
             reply = self._wait(rid)
         if "error" in reply:
             raise _rebuild(reply["error"])

@@ -1,81 +1,84 @@
-"""How far a rank's text output has got, so that what it sends on the event channel lands in order.
+"""Where a rank's text output has got, so that what it sends on the event channel lands in order.
 
 A rank's text goes through pipes on fds 1/2; its rich output and input prompts go through the
-event channel. The kernel reads those pipes in whatever order they become ready, so an event
-carries the number of bytes the rank had written to each stream when it was sent: the kernel
-shows exactly that much of the text first (``notebook_bridge.py``). The counts are kept by the
-raw files under ``sys.stdout`` / ``sys.stderr``; bytes that C code writes to fds 1/2 directly are
-not counted, so an event after C-level output may land that many bytes early (never late, never lost).
+event channel. Before such an event, the rank flushes Python's and C's buffers and writes a *mark*
+— a short escape sequence with a number — into fds 1 and 2, and the event carries that number.
+The kernel's reader for the rank (``engines.rank_reader``) shows the text up to the mark, then the
+event, then what follows. The order is exact, C-level output included: the mark goes down the same
+pipe as every byte written before it, whoever wrote them.
 
 Example::
 
-    >>> out, err = counted_std_streams()      # in a rank, on fds 1 and 2   # doctest: +SKIP
-    >>> print("hello"); positions()
-    (6, 0)
+    >>> print("hello"); send_marked(events, "display", {"data": {...}})    # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 import io
+import itertools
+import os
 import sys
+import threading
+
+MARK = b"\x1b]nblaunch;%d\x07"  # an OSC sequence: invisible on a terminal, should one ever show it
 
 
-class CountingFileIO(io.FileIO):
-    """A raw file that counts the bytes written through it."""
-
-    written = 0
-
-    def write(self, b) -> int:
-        n = super().write(b)
-        if n:
-            self.written += n
-        return n
-
-
-def _text_stream(fd: int, *, write_through: bool) -> io.TextIOWrapper:
-    return io.TextIOWrapper(
-        CountingFileIO(fd, "w", closefd=False),
-        encoding="utf-8",
-        errors="backslashreplace",
-        line_buffering=True,
-        write_through=write_through,
+def std_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
+    """New line-buffered text streams on fds 1 and 2."""
+    return tuple(
+        io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False), encoding="utf-8", errors="backslashreplace", line_buffering=True
+        )
+        for fd in (1, 2)
     )
 
 
-# The counted streams of this process, kept here rather than read from sys.stdout: code that
-# redirects sys.stdout for a while (contextlib.redirect_stdout) must not lose the count.
-_COUNTED: dict[str, io.TextIOWrapper] = {}
+class _Marks:
+    """The numbering of this process's marks. One per process, because fds 1/2 and the event pipe are the
+    process's: the lock keeps a mark and its event together when several threads send."""
+
+    def __init__(self):
+        self.numbers = itertools.count(1)
+        self.lock = threading.Lock()
+        self.read = False  # fds 1/2 go to the kernel's ordered reader (else a mark would show as text)
 
 
-def counted_std_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
-    """New line-buffered text streams on fds 1 and 2 whose bytes are counted."""
-    out, err = _text_stream(1, write_through=False), _text_stream(2, write_through=False)
-    _COUNTED.update(stdout=out, stderr=err)
-    return out, err
+_MARKS = _Marks()
 
 
-def ensure_counted() -> None:
-    """Make sys.stdout / sys.stderr counted streams if they are not yet (a spawned rank's own)."""
-    if _COUNTED:
-        return
-    for s in (sys.stdout, sys.stderr):
-        try:
-            s.flush()
-        except Exception:
-            pass
-    sys.stdout, sys.stderr = counted_std_streams()
-    sys.__stdout__, sys.__stderr__ = sys.stdout, sys.stderr
+def marks_are_read() -> None:
+    """This rank's fds 1/2 are pipes the kernel's ``RankReader`` reads: ordered events write marks there."""
+    _MARKS.read = True
 
 
-def positions() -> dict[str, int]:
-    """Flush Python's and C's buffers, then how many bytes each stream has written so far.
+def send_marked(events, kind: str, payload: dict) -> None:
+    """Send ``payload`` as a ``kind`` event placed after everything this rank has written so far.
 
     Example::
 
-        >>> positions()         # doctest: +SKIP
-        {'stdout': 120, 'stderr': 0}
+        >>> send_marked(current().events, "input_request", {"id": 1, "prompt": "? "})   # doctest: +SKIP
     """
-    for s in (sys.stdout, sys.stderr, *_COUNTED.values()):
+    if not _MARKS.read:
+        events.send(kind, payload)
+        return
+    with _MARKS.lock:
+        n = next(_MARKS.numbers)
+        _flush()
+        mark = MARK % n
+        for fd in (1, 2):
+            try:
+                os.write(fd, mark)  # a few bytes: one atomic write into the pipe
+            except OSError:
+                pass  # fd closed by user code: the kernel then shows the event without waiting for the mark
+        try:
+            events.send(kind, {**payload, "mark": n})
+        except BaseException:
+            events.send("mark", {"mark": n})  # (it could not be pickled) the text after the mark is not held
+            raise
+
+
+def _flush() -> None:
+    for s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
         try:
             s.flush()
         except Exception:
@@ -83,10 +86,9 @@ def positions() -> dict[str, int]:
     libc = _libc()
     if libc is not None:
         libc.fflush(None)  # printf from C extensions
-    return {name: s.buffer.written for name, s in _COUNTED.items()} or {"stdout": 0, "stderr": 0}
 
 
-_LIBC: list = []
+_LIBC: list = []  # (a cache: loading libc once)
 
 
 def _libc():

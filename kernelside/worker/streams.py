@@ -29,7 +29,7 @@ def fresh_std_streams() -> None:
     this worker's pipes instead of the kernel's ZMQ sockets.
     """
     kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-    out, err = rank_streams.counted_std_streams()  # counted: rich output and prompts land in order with text
+    out, err = rank_streams.std_streams()
     for stream, new in zip(kernel_streams, (out, err, out, err), strict=True):
         if stream is None:
             continue

@@ -1,6 +1,6 @@
 """Run a "notebook" of its own for scenarios that initialize CUDA in the launching process.
 
-Once CUDA is up in a process it stays up, and every later launch from it must spawn; so each
+Once CUDA is up in a process it stays up, and no later launch from it may fork; so each
 such scenario is a script in a fresh interpreter, written to a file (its file:line is what
 nblaunch must name) and run from the checkout. The script's last stdout line is
 ``RESULT <json>``.

@@ -1,5 +1,6 @@
 """CUDA already initialized in the launching process: by torch (a tensor on cuda), or below torch (the driver's
-cuInit through ctypes, or torch.cuda.is_available()). nblaunch must spawn, say why and where, refuse fork
+cuInit through ctypes, or torch.cuda.is_available()). nblaunch must use the forkserver (ranks forked from a clean
+template process, never from the kernel), say why and where, refuse fork
 clearly, and keep fork when the driver is merely loaded. Each scenario is a fresh "notebook" process.
 """
 
@@ -50,10 +51,11 @@ def torch_first(tmp_path_factory):
     return facts, run, f"{tmp / 'notebook.py'}:{line_of(TORCH_FIRST, '# CUDA is first initialized here')}"
 
 
-def test_cuda_initialized_by_a_tensor_switches_to_spawn_naming_the_line_and_works(torch_first):
+def test_cuda_initialized_by_a_tensor_switches_to_the_forkserver_naming_the_line_and_works(torch_first):
     facts, run, site = torch_first
-    assert f"nblaunch: using spawn because CUDA was initialized in this kernel at {site}" in run.stdout, run.stdout
-    assert facts["method"] == "spawn"
+    said = f"nblaunch: using the forkserver, not fork, because CUDA was initialized in this kernel at {site}"
+    assert said in run.stdout, run.stdout
+    assert facts["method"] == "forkserver"
     assert facts["value"] == {"backend": "nccl", "device": 0, "sum": float(facts["n"])}
 
 
@@ -119,7 +121,7 @@ facts.update(state=state, path=path, torch_initialized=torch.cuda.is_initialized
 facts["value"] = notebook_launcher(rank_device, num_processes=n)
 facts["method"] = last_report().start_method
 facts["fork_error"] = None
-if facts["method"] == "spawn":  # then start_method="fork" must be refused
+if facts["method"] != "fork":  # then start_method="fork" must be refused
     try:
         notebook_launcher(rank_device, num_processes=n, start_method="fork")
     except LaunchConfigError as e:
@@ -142,15 +144,17 @@ def driver_first(tmp_path_factory):
     return run
 
 
-def test_cuinit_below_torch_is_detected_and_the_launch_spawns_saying_why(driver_first):
+def test_cuinit_below_torch_is_detected_and_the_launch_uses_the_forkserver_saying_why(driver_first):
     facts, run = driver_first("cuinit")
     assert facts["cuinit_rc"] == 0 and facts["before"] != "initialized"  # importing torch may load, not init
     assert facts["torch_initialized"] is False  # torch never heard of it
     assert facts["state"] == "initialized" and facts["detected"] is True, facts
     assert facts["site"].startswith(cuda_guard.BELOW_TORCH) and facts["path"] in facts["site"]
-    said = "nblaunch: using spawn because CUDA was initialized in this kernel by a library below torch"
+    said = (
+        "nblaunch: using the forkserver, not fork, because CUDA was initialized in this kernel by a library below torch"
+    )
     assert said in run.stdout, run.stdout
-    assert facts["method"] == "spawn" and facts["value"]["sum"] == float(facts["n"])
+    assert facts["method"] == "forkserver" and facts["value"]["sum"] == float(facts["n"])
 
 
 def test_fork_after_cuinit_below_torch_is_the_clear_error(driver_first):
@@ -165,11 +169,11 @@ def test_without_the_check_a_forked_child_cannot_use_cuda_after_cuinit(driver_fi
     assert facts["raw_fork_child"] != "ok", "a raw fork after cuInit could use CUDA: the detection would be needless"
 
 
-def test_torch_cuda_is_available_spawns_exactly_when_a_forked_child_would_fail(driver_first):
+def test_torch_cuda_is_available_avoids_fork_exactly_when_a_forked_child_would_fail(driver_first):
     facts, _ = driver_first("is_available")
     assert facts["is_available"] is True and facts["torch_initialized"] is False
     fork_breaks = facts["raw_fork_child"] != "ok"
-    assert (facts["method"] == "spawn") == fork_breaks, facts
+    assert (facts["method"] == "forkserver") == fork_breaks, facts
     assert facts["value"]["sum"] == float(facts["n"])
 
 

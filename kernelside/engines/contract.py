@@ -1,0 +1,93 @@
+"""The engine contract: every member ``launch.engine.run_engine`` uses, and nothing more.
+
+An engine starts ranks, reports what it observes to the run recorder, and stops them; it never
+decides. The policy — the deadline (``timeout``), how long ranks get to stop, when to stop them,
+what Ctrl-C does — is ``run_engine``'s alone, as torch elastic's agent owns it over its
+``PContext`` and Ray Train's trainer over its ``Backend``: an engine writes no wait loop of its
+own, it answers ``poll()`` for a bounded time and returns.
+
+The life of one run, driven by ``run_engine``::
+
+    port = engine.prepare()            # imports, rendezvous port; nothing started yet
+    engine.start(recorder)             # ranks started, recorder.add_ranks(...)
+    while not engine.poll(recorder, wait_s):   # observations → recorder, for at most wait_s
+        ...                            # run_engine: deadline → recorder.timeout(); grace over → leave
+    engine.close(grace, recorder)      # SIGTERM → SIGKILL after grace, reap, free (safe twice)
+
+and ``stop()``, which the recorder calls once at the first failure (or the timeout, Stop, Ctrl-C).
+
+Example::
+
+    >>> sorted(m for m in Engine.__abstractmethods__)
+    ['close', 'poll', 'start', 'stop']
+"""
+
+from __future__ import annotations
+
+import abc
+
+
+def launch_settings(plan, render: str, return_all: bool) -> dict:
+    """What every rank of a launch shares, as plain data any engine can send to its workers
+    (``worker.lifecycle.RankSpec.build`` makes each rank's spec from it).
+
+    Example::
+
+        >>> launch_settings(plan, "text", False)["scope"]     # doctest: +SKIP
+        'rank0'
+    """
+    return {
+        "backend": plan.backend,
+        "render": render,
+        "scope": plan.progress,
+        "metrics": plan.metrics,
+        "return_all": return_all,
+    }
+
+
+class Engine(abc.ABC):
+    """One run's ranks on some substrate (local processes, torch's elastic agent, Ray Train, a live world).
+
+    Constructed as ``Engine(req, plan, log_dir, out, err, render=..., spawn_blob=...)``; nothing starts then.
+    """
+
+    #: the clock the ranks' event times are read on: "monotonic" (this machine) or "wall" (other machines too)
+    clock = "monotonic"
+    #: a line added to the error when a rank failed because a peer went away (a peer on another machine)
+    peer_hint: str | None = None
+    #: how long ranks get to end after ``stop()`` before ``close()`` kills what is left
+    stop_grace_s = 2.0
+    #: None: the kernel routes each rank's output (cell, log files) and keeps its tail; otherwise an
+    #: object with ``tail(rank, n)`` over the logs the engine's own machinery writes
+    log_tails = None
+    #: how the ranks draw progress: "widgets" (events the kernel draws in the cell) or "text" (tqdm text
+    #: bars in their output); settled by ``prepare()`` at the latest
+    render = "text"
+    #: True: the run's widgets appear only once there is something to show (a live cell: quick cells draw none)
+    defer_display = False
+
+    def prepare(self) -> int | None:
+        """Before the report exists: what ranks need from the kernel first; returns the rendezvous port."""
+        return None
+
+    @abc.abstractmethod
+    def start(self, recorder) -> None:
+        """Start the ranks and tell the recorder which (``recorder.add_ranks``)."""
+
+    @abc.abstractmethod
+    def poll(self, recorder, wait_s: float) -> bool:
+        """Feed the recorder what was observed within ``wait_s`` seconds; True once the run is over
+        (every rank has ended, or is back at rest for an engine that keeps its ranks)."""
+
+    @abc.abstractmethod
+    def stop(self) -> None:
+        """Ask every rank still running to stop (the recorder calls it once); returns at once."""
+
+    @abc.abstractmethod
+    def close(self, grace: float, recorder) -> None:
+        """Whatever is left is stopped (killed after ``grace`` seconds), reaped and freed; the last
+        observations go to the recorder (None: nobody listens any more). Safe to call twice."""
+
+    def interrupt_error(self, recorder) -> BaseException | None:
+        """What Ctrl-C raises once the ranks have settled; None: the KeyboardInterrupt itself."""
+        return None

@@ -1,0 +1,164 @@
+"""One ordered reader per local rank: it owns the rank's stdout, stderr and event pipes and their order.
+
+A rank sends an event that must land in order with its text (rich output, an input prompt) after
+writing a *mark* into fds 1 and 2 (``worker.rank_streams.send_marked``), so every byte written
+before the event — by Python or by C code — is in the pipes ahead of the mark. The reader gives
+what it read back as one ordered list of items:
+
+- text up to a mark goes out at once; text after a mark whose event has not arrived yet waits;
+- an event with a mark first takes the text before that mark out of the pipes (it is there: the
+  mark was written before the event was sent), then goes out, then releases what waited;
+- an event without a mark (progress, metrics…) goes out as it comes.
+
+Nothing waits on the rank: a mark that never reaches the pipe (fd 1 closed by user code) is not
+waited for, and at the end whatever is held goes out (marks stripped). The kernel loop only
+multiplexes: it hands each readable pipe to its rank's reader and routes the items.
+
+Example::
+
+    >>> reader = RankReader(worker, selector, EventReader())   # registers the three pipes   # doctest: +SKIP
+    >>> for item in reader.on_readable("stdout"):
+    ...     print(item)                  # ("output", "stdout", b"...") or ("event", "display", {...})
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+
+from ..channel import EventReader
+
+MARK = re.compile(rb"\x1b\]nblaunch;(\d+)\x07")
+MARK_START = b"\x1b]nblaunch;"
+STREAMS = ("stdout", "stderr")
+
+
+def _complete_end(buf: bytearray) -> int:
+    """How much of ``buf`` can go out: all but a trailing start of a mark (its rest is still in the pipe)."""
+    i = buf.rfind(b"\x1b", max(0, len(buf) - len(MARK_START) - 20))
+    if i < 0:
+        return len(buf)
+    tail = bytes(buf[i:])
+    head, digits = tail[: len(MARK_START)], tail[len(MARK_START) :]
+    if MARK_START.startswith(head) and (not digits or digits.isdigit()):
+        return i
+    return len(buf)
+
+
+class RankReader:
+    """The ordered reader of one rank's three pipes (see the module docstring)."""
+
+    def __init__(self, worker, sel: selectors.BaseSelector, events: EventReader):
+        """``events``: the rank's event framing, kept across runs when its process is (a live session)."""
+        self.w, self.sel, self.events = worker, sel, events
+        p = worker.pipes
+        self.fds = {"stdout": p.stdout_r, "stderr": p.stderr_r, "events": p.events_r}
+        for kind, fd in self.fds.items():
+            os.set_blocking(fd, False)
+            sel.register(fd, selectors.EVENT_READ, (self, kind))
+        self.held = {s: bytearray() for s in STREAMS}  # read, not yet given out
+        self.blocked: dict[str, int | None] = dict.fromkeys(STREAMS)  # a mark read whose event has not come
+        self.released = 0  # the highest mark whose event has gone out
+        self.items: list[tuple] = []
+
+    # -- what the loop calls ----------------------------------------------------------------
+    def on_readable(self, kind: str) -> list[tuple]:
+        """Read one chunk of the ready pipe; the items that can go out now, in order."""
+        data = self._read(kind)
+        if data is not None:
+            self._consume(kind, data)
+        return self._take()
+
+    def drain(self, final: bool = False) -> list[tuple]:
+        """Everything in the pipes now (events first: each takes its text along); ``final``: the rank has
+        ended or the run is over, so what still waits for an event goes out too (marks stripped)."""
+        for kind in ("events", *STREAMS):
+            while (data := self._read(kind)) is not None:
+                self._consume(kind, data)
+        if final:
+            for s in STREAMS:
+                self.blocked[s] = None
+                self._emit(s, MARK.sub(b"", bytes(self.held[s])))
+                self.held[s].clear()
+        return self._take()
+
+    # -- inside -----------------------------------------------------------------------------
+    def _consume(self, kind: str, data: bytes) -> None:
+        if kind == "events":
+            for ev_kind, payload in self.events.feed(data):
+                self._event(ev_kind, payload)
+        else:
+            self.held[kind] += data
+            self._advance(kind)
+
+    def _read(self, kind: str) -> bytes | None:
+        """One read: bytes, or None when nothing is there now (EOF: the pipe is unregistered)."""
+        fd = self.fds[kind]
+        if fd not in self.sel.get_map():
+            return None
+        try:
+            data = os.read(fd, 1 << 20)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        if not data:
+            self.sel.unregister(fd)
+            return None
+        return data
+
+    def _event(self, kind: str, payload) -> None:
+        mark = payload.get("mark") if isinstance(payload, dict) else None
+        if mark is None:
+            self.items.append(("event", kind, payload))
+            return
+        for s in STREAMS:
+            self._catch_up(s, mark)
+        if kind != "mark":  # (a bare mark: the rank's event could not be sent; only the text moves on)
+            self.items.append(("event", kind, payload))
+        self.released = max(self.released, mark)
+        for s in STREAMS:
+            if self.blocked[s] is not None and self.blocked[s] <= self.released:
+                self.blocked[s] = None
+            self._advance(s)
+
+    def _catch_up(self, stream: str, mark: int) -> None:
+        """Give out the text ``stream`` had before ``mark``: from what was read, then from the pipe."""
+        while True:
+            at = self.blocked[stream]
+            if at is not None:
+                if at >= mark:
+                    return  # reached (the event releases it)
+                self.blocked[stream] = None  # a mark whose event never came (it could not be sent): behind us
+                self._advance(stream)
+                continue
+            data = self._read(stream)
+            if data is None:
+                return  # the mark is not in this pipe (user code closed or moved fd 1/2): nothing to wait for
+            self.held[stream] += data
+            self._advance(stream)
+
+    def _advance(self, stream: str) -> None:
+        """Give out the held text of ``stream`` up to its next mark whose event has not gone out."""
+        buf = self.held[stream]
+        while self.blocked[stream] is None:
+            m = MARK.search(buf)
+            if m is None:
+                end = _complete_end(buf)
+                self._emit(stream, bytes(buf[:end]))
+                del buf[:end]
+                return
+            self._emit(stream, bytes(buf[: m.start()]))
+            n = int(m.group(1))
+            del buf[: m.end()]
+            if n > self.released:
+                self.blocked[stream] = n
+
+    def _emit(self, stream: str, data: bytes) -> None:
+        if data:
+            self.items.append(("output", stream, data))
+
+    def _take(self) -> list[tuple]:
+        items, self.items = self.items, []
+        return items

@@ -1,0 +1,27 @@
+"""The name a rank's traceback gives the cell: the execution count the notebook shows beside it.
+
+IPython 9 counts a cell before running it (``shell.execution_count`` is already the next cell's number while
+it runs); older IPython counts after. The input history has the running cell stored last either way, so its
+index is the count the notebook shows.
+
+Example::
+
+    >>> cell_label(get_ipython())  # in the cell the notebook shows as [10]   # doctest: +SKIP
+    'In[10]'
+"""
+
+from __future__ import annotations
+
+
+def running_cell_count(shell) -> int:
+    """The execution count of the cell running now, as the notebook shows it."""
+    count = shell.execution_count
+    history = getattr(shell, "history_manager", None)
+    stored = len(history.input_hist_raw) - 1 if history is not None else None
+    # stored is this cell's index in the history, unless the cell was run without storing history
+    return stored if stored in (count, count - 1) else count
+
+
+def cell_label(shell) -> str:
+    """``In[N]`` for the running cell: the file name its code has in a rank's traceback."""
+    return f"In[{running_cell_count(shell)}]"

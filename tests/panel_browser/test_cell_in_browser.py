@@ -1,0 +1,194 @@
+"""What a cell shows, in a real JupyterLab and Debian's Chromium: the status line's short run name (a dashboard
+link, the log folder on hover), the chart at the cell's width with readable ticks, values on hover and a working
+smoothing control, %distributed_last's linked logs, %distributed_config's invalid value; and what JupyterLab's
+status bar says while a cell with widgets runs. Screenshots go to test-artifacts/ (copied to docs/)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from playwright.sync_api import expect
+
+expect.set_options(timeout=60_000)
+
+METRICS_CELL = """%%distributed -n 2
+import math, random, time
+from kernelside import log_metrics, progress
+random.seed(rank)
+for step in progress(range(1, 201), desc="train"):
+    log_metrics(step=step, loss=2 * math.exp(-step / 50) + 0.2 * random.random(), lr=1e-3 * min(1, step / 40))
+    time.sleep(0.004)
+print(f"rank {rank} done")
+"""
+OUTPUT_ALL = "%%distributed -n 2 --output all\nfor i in range(3):\n    print(f'hello {i} from rank {rank}')"
+WIDGET_SLEEP = "import ipywidgets, time\ndisplay(ipywidgets.HTML('a widget'))\ntime.sleep(4)"
+PLAIN_SLEEP = "time.sleep(4)"
+NBLAUNCH_SLEEP = (
+    "%%distributed -n 2\nfrom kernelside import progress\nfor _ in progress(range(40)):\n    time.sleep(0.1)"
+)
+
+
+def _notebook(path, cells: list[str]) -> None:
+    path.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": []}
+                    | {"source": source}
+                    for i, source in enumerate(cells)
+                ],
+                "metadata": {
+                    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                    "language_info": {"name": "python"},
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
+
+
+def _run_cell(page, index: int) -> None:
+    page.locator(".jp-NotebookPanel .jp-Cell").nth(index).click()
+    page.keyboard.press("Control+Enter")
+
+
+def _kernel_status(page) -> str:
+    text = page.locator("#jp-main-statusbar").inner_text()
+    found = re.search(r"\b(Busy|Idle)\b", text)
+    return found.group(1) if found else text
+
+
+def _prompt(page, i: int):
+    """Cell ``i``'s prompt once it has run (its execution count, as the notebook shows it)."""
+    return page.locator(".jp-Cell").nth(i).locator(".jp-InputArea-prompt", has_text=f"[{i + 1}]")
+
+
+def _status_during(page, index: int, marker_done) -> list[str]:
+    """Kernel states the status bar shows while cell ``index`` runs (sampled every 0.2 s)."""
+    _run_cell(page, index)
+    seen = []
+    for _ in range(20):
+        page.wait_for_timeout(200)
+        seen.append(_kernel_status(page))
+    expect(marker_done).to_have_count(1, timeout=60_000)
+    return seen
+
+
+def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, browser_page, snapshot):
+    page = browser_page
+    page.set_default_timeout(60_000)
+    (lab_server.root / "bad.yaml").write_text("num_processes: 2\nmain_process_port: 70000\n")
+    cells = ["%load_ext kernelside\nimport time", PLAIN_SLEEP, WIDGET_SLEEP, NBLAUNCH_SLEEP]
+    cells += [METRICS_CELL, "%distributed_last", "%distributed_config bad.yaml", OUTPUT_ALL]
+    _notebook(lab_server.root / "train.ipynb", cells)
+    widgets = lab_server.root.parent / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
+    widgets.mkdir(parents=True, exist_ok=True)
+    (widgets / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))  # widgets in the file
+    page.goto(lab_server.page_url("lab/tree/train.ipynb"))
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle")  # the kernel is up
+    _run_cell(page, 0)
+    expect(_prompt(page, 0)).to_have_count(1)
+
+    # JupyterLab's status bar while cells run (issue 21, item 9). The kernel's first widget, here ipywidgets'
+    # own, makes JupyterLab open a subshell for widget comms (commsOverSubshells: perCommTarget); the kernel's
+    # idle status for that control request turns the status bar to Idle while the cell still runs. Once the
+    # subshell exists, a cell with nblaunch's widgets reads Busy like any other.
+    plain, first_widget, ours = (_status_during(page, i, _prompt(page, i)) for i in (1, 2, 3))
+    print("status bar while a cell runs: plain", plain, "first ipywidgets", first_widget, "nblaunch", ours)
+    assert plain.count("Busy") >= 15, plain
+    assert first_widget.count("Idle") >= 10, first_widget
+    assert ours.count("Busy") >= 15, ours
+
+    for i in range(4, 8):
+        _run_cell(page, i)
+    cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(4)
+    chart = cell.locator("svg.nblaunch-chart")
+    expect(cell.locator(".nbl-smoothing")).to_have_count(1, timeout=120_000)  # the run ended: final chart
+
+    link = cell.locator("a.nblaunch-run-link")
+    expect(link).to_have_text(re.compile(r"^train \d\d:\d\d:\d\d$"))
+    assert re.fullmatch(r"run-[\w-]+", link.get_attribute("data-nblaunch-run"))
+    assert "/nblaunch-" in link.get_attribute("title")  # the log folder, on hover
+    assert "/tmp" not in cell.locator(".widget-html").first.inner_text()
+
+    # the chart fills the output area's width; no tick label is under 11 px
+    area = cell.locator(".jp-OutputArea-output").first.bounding_box()
+    box = chart.bounding_box()
+    assert box["width"] >= 0.9 * area["width"] - 20, (box, area)
+    sizes = chart.evaluate(
+        "svg => [...svg.querySelectorAll('text')].map(t => parseFloat(getComputedStyle(t).fontSize))"
+    )
+    assert sizes and min(sizes) >= 11, sizes
+
+    # hovering the plot: the band under the pointer holds the values at that step
+    chart.scroll_into_view_if_needed()
+    plot = chart.locator("svg[preserveAspectRatio='none']").first.bounding_box()
+    x, y = plot["x"] + plot["width"] * 0.5, plot["y"] + plot["height"] * 0.5
+    page.mouse.move(x, y)
+    tip = page.evaluate(
+        "([x, y]) => { const e = document.elementFromPoint(x, y); const t = e && e.querySelector('title');"
+        " return t ? t.textContent : (e ? e.outerHTML.slice(0, 80) : null); }",
+        [x, y],
+    )
+    assert re.match(r"loss at step \d+: [\d.]+ \(smoothed [\d.]+\)", tip or ""), tip
+    cell.scroll_into_view_if_needed()
+    snapshot(cell, "cell-status-and-chart.png")
+
+    # the smoothing control switches the line drawn, with no kernel involved
+    def shown(cls: str) -> int:
+        return chart.evaluate(
+            f"svg => [...svg.querySelectorAll('.{cls}')].filter(e => getComputedStyle(e).display !== 'none').length"
+        )
+
+    assert shown("nbl-ema-6") == 2 and shown("nbl-ema-9") == 0
+    cell.locator(".nbl-smoothing label", has_text=re.compile(r"^0\.9$")).click()
+    assert shown("nbl-ema-9") == 2 and shown("nbl-ema-6") == 0
+    snapshot(cell, "cell-chart-smoothing-0.9.png")
+
+    report = page.locator(".jp-NotebookPanel .jp-Cell").nth(5)
+    logs = report.locator("a.nblaunch-log-link")
+    expect(logs).to_have_count(2)
+    assert logs.nth(1).inner_text() == "rank1.log" and logs.nth(1).get_attribute("title").endswith("/rank1.log")
+    snapshot(report, "distributed-last.png")
+
+    config = page.locator(".jp-NotebookPanel .jp-Cell").nth(6)
+    expect(config).to_contain_text("invalid, allowed: an integer from 1 to 65535 or empty")
+    snapshot(config, "distributed-config.png")
+
+    # --output all: a tab per rank, rank 0 shown; rank 1's tab shows its lines, and the choice is saved
+    every = page.locator(".jp-NotebookPanel .jp-Cell").nth(7)
+    shown = every.locator(".widget-tab .widget-html-content:visible")  # the selected tab's page only
+    expect(shown).to_contain_text("hello 2 from rank 0")
+    expect(shown).not_to_contain_text("from rank 1")
+    every.get_by_role("tab", name="rank 1").click()
+    expect(shown).to_contain_text("hello 2 from rank 1")
+    expect(shown).not_to_contain_text("from rank 0")
+    snapshot(every, "cell-output-all-tabs.png")
+    page.keyboard.press("Control+s")
+    nb_file = lab_server.root / "train.ipynb"
+
+    def saved_tab() -> int | None:
+        state = json.loads(nb_file.read_text())["metadata"].get("widgets", {})
+        models = state.get("application/vnd.jupyter.widget-state+json", {}).get("state", {}).values()
+        return next((m["state"]["selected_index"] for m in models if m["model_name"] == "TabModel"), None)
+
+    for _ in range(100):
+        if saved_tab() == 1:
+            break
+        page.wait_for_timeout(100)
+    assert saved_tab() == 1
+
+    # With comms over subshells disabled in JupyterLab's settings, nblaunch's first widgets leave it Busy.
+    settings = lab_server.root.parent / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True, exist_ok=True)
+    (settings / "kernels-settings.jupyterlab-settings").write_text(json.dumps({"commsOverSubshells": "disabled"}))
+    _notebook(lab_server.root / "first.ipynb", ["%load_ext kernelside\nimport time", NBLAUNCH_SLEEP])
+    page.goto(lab_server.page_url("lab/tree/first.ipynb") + "&reset")  # only this notebook open
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle")
+    _run_cell(page, 0)
+    expect(_prompt(page, 0)).to_have_count(1)
+    ours_first = _status_during(page, 1, _prompt(page, 1))
+    print("nblaunch's first widgets, comms over subshells disabled:", ours_first)
+    assert ours_first.count("Busy") >= 15, ours_first

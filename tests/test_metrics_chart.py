@@ -1,0 +1,80 @@
+"""The metrics chart: fills the cell's width with text never under 11 px, values on hover, TensorBoard's smoothing
+with a control once the run has ended, theme colours for text; and, in a real kernel, at most two chart updates
+a second and the final chart stored with the notebook's widget state."""
+
+from __future__ import annotations
+
+import math
+import re
+import time
+
+import pytest
+from kernel import Kernel
+
+from kernelside.display.chart_scales import ema
+from kernelside.display.metrics_chart import MetricsChart
+
+POINTS = [{"step": i, "loss": 2 * math.exp(-i / 30) + (0.1 if i % 2 else 0.0), "lr": 1e-3} for i in range(1, 121)]
+
+
+def test_the_chart_fills_the_cell_width_and_no_text_is_under_11px():
+    svg = MetricsChart().render(POINTS, final=True)
+    assert re.match(r'<svg [^>]*width="100%"', svg)
+    assert "font: 12px" in svg
+    sizes = [float(s) for s in re.findall(r'font-size="([\d.]+)"', svg)]
+    assert all(s >= 11 for s in sizes), sizes
+    assert "<text" in svg and 'fill="#' not in re.sub(r"<(rect|circle|polyline)[^>]*>", "", svg)  # text: theme colour
+    assert "var(--jp-ui-font-color1" in svg
+
+
+def test_hovering_a_step_shows_its_value_and_the_smoothed_value():
+    svg = MetricsChart().render(POINTS)
+    smoothed = ema([p["loss"] for p in POINTS], 0.6)[-1]
+    last = POINTS[-1]["loss"]
+    assert f"<title>loss at step 120: {last:.4g} (smoothed {smoothed:.4g})</title>" in svg
+    assert len(re.findall(r"<title>loss at step", svg)) <= 101  # bands, not one per point for long runs
+
+
+def test_smoothing_is_a_debiased_ema_drawn_over_the_faint_raw_line():
+    assert ema([3.0, 3.0, 3.0], 0.9) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards 0 at the start
+    assert ema([1.0, 2.0], 0.0) == [1.0, 2.0]
+    during = MetricsChart().render(POINTS)
+    assert during.count('class="nbl-ema nbl-ema-6"') == 2 and 'class="nbl-ema nbl-ema-9"' not in during
+    assert "<input" not in during
+    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="0.35"', during)
+
+
+def test_the_ended_run_gets_a_smoothing_control_with_every_weight_precomputed():
+    svg = MetricsChart().render(POINTS, final=True)
+    values = re.findall(r'<input type="radio" name="(nbl-smooth-[0-9a-f]+)" value="([\d.]+)"( checked)?', svg)
+    assert [v for _, v, _ in values] == ["0", "0.6", "0.9", "0.99"]
+    assert [v for _, v, c in values if c] == ["0.6"] and len({n for n, _, _ in values}) == 1
+    assert all(f"nbl-ema-{k}" in svg for k in ("6", "9", "99"))
+    assert ':has(input[value="0.9"]:checked) .nbl-ema-9{display:inline}' in svg
+    other = MetricsChart().render(POINTS, final=True)
+    assert re.search(r'name="(nbl-smooth-[0-9a-f]+)"', other).group(1) != values[0][0]  # charts apart
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    k.run("%load_ext kernelside").ok()
+    yield k
+    k.shutdown()
+
+
+def test_the_chart_updates_at_most_twice_a_second_however_fast_ranks_log(kernel):
+    updates = []
+    t0 = time.monotonic()
+    cell = kernel.run(
+        "%%distributed -n 2\nimport time\nfrom kernelside import log_metrics\nt0 = time.monotonic()\nstep = 0\n"
+        "while time.monotonic() - t0 < 3:\n    step += 1\n    log_metrics(step=step, loss=1 / step)\n"
+        "    time.sleep(0.002)\n"
+    ).ok()
+    wall = time.monotonic() - t0
+    for kind, content in cell.messages:
+        state = content.get("data", {}).get("state", {})
+        if kind == "comm_msg" and str(state.get("value", "")).startswith("<svg"):
+            updates.append(content["comm_id"])
+    assert updates
+    assert len(updates) <= 2 * wall + 2, (len(updates), wall)

@@ -1,0 +1,44 @@
+"""--output all in a notebook: a tab per rank in the cell (rank 0 first) instead of interleaved lines; each tab
+holds its rank's stdout and stderr; without widgets the lines stay [rank N]-prefixed (test_launcher)."""
+
+from __future__ import annotations
+
+import pytest
+from kernel import Kernel
+
+CELL = """%%distributed -n 2 --output all
+import sys
+for i in range(3):
+    print(f"rank {rank} line {i}", flush=True)
+print(f"warning from rank {rank}", file=sys.stderr)
+"""
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = Kernel()
+    k.run("%load_ext kernelside").ok()
+    yield k
+    k.shutdown()
+
+
+def _states(cell) -> dict:
+    """Each widget's latest state, by comm id, from the cell's comm messages."""
+    out: dict = {}
+    for kind, content in cell.messages:
+        if kind in ("comm_open", "comm_msg"):
+            out.setdefault(content["comm_id"], {}).update(content.get("data", {}).get("state", {}))
+    return out
+
+
+def test_each_rank_has_its_own_tab_with_its_lines_and_rank_0_is_shown_first(kernel):
+    cell = kernel.run(CELL).ok()
+    states = _states(cell)
+    tab = next(s for s in states.values() if s.get("_model_name") == "TabModel")
+    assert tab["titles"] == ["rank 0", "rank 1"] and tab["selected_index"] == 0
+    pages = [states[c.removeprefix("IPY_MODEL_")]["value"] for c in tab["children"]]
+    for r in (0, 1):
+        assert all(f"rank {r} line {i}" in pages[r] for i in range(3)), pages[r]
+        assert f"rank {1 - r} line" not in pages[r]
+        assert f"warning from rank {r}" in pages[r] and "jp-error-color1" in pages[r]
+    assert "line" not in cell.stdout and "[rank" not in cell.stdout  # not interleaved in the stream too
