@@ -1,9 +1,10 @@
 """End to end: a notebook in a real JupyterLab and Debian's Chromium starts a 2-rank launch. At the
 default sidebar width the sidebar's runs list shows it with nothing cut off; its dashboard tab opens
-from the list, from the palette and from a run link in a cell, shows both ranks (pid, state, CPU and
-memory charts that move), their stacks and a link to the cell; a rank's log tab (named after run and
-rank) follows the run and searches it; Stop in the dashboard ends the run, the cell shows the
-stopped-from-the-panel error, and no process of the run is left."""
+from the list, from the palette and from the run's name in the cell's status line, shows both ranks
+(pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log tab
+(named after run and rank) follows the run and searches it; Stop in the dashboard ends the run, the
+cell shows the stopped-from-the-panel error, no process of the run is left, and the dashboard comes
+back after a page reload."""
 
 from __future__ import annotations
 
@@ -30,13 +31,6 @@ for step in range(3000):
     sum(range(200_000))  # and some CPU
     time.sleep(0.1)
 """
-# A cell output carrying the run link the cell's status line carries (kernelside/display/run_links.py).
-LINK_CELL = """import glob, os
-from IPython.display import HTML
-run_id = os.path.basename(max(glob.glob(os.path.join(os.environ["TMPDIR"], "nblaunch-*", "run-*"))))
-HTML(f'<a class="nblaunch-run-link" href="#" data-nblaunch-run="{run_id}">open {run_id}</a>')
-"""
-
 # Every element of the sidebar's list that must show whole at the default width (the ellipsis
 # spans are allowed to cut, and must then carry their whole text in their title).
 FITS = """panel => {
@@ -87,7 +81,7 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
 ):
     page = browser_page
     page.set_default_timeout(60_000)
-    _notebook(lab_server.root / "train.ipynb", ["%load_ext kernelside", LONG_CELL, LINK_CELL])
+    _notebook(lab_server.root / "train.ipynb", ["%load_ext kernelside", LONG_CELL])
     try:
         page.goto(lab_server.page_url("lab/tree/train.ipynb"))
         page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
@@ -216,12 +210,9 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         assert psutil.Process(kernel_pid).children(recursive=True) == []
 
-        # a run link in a cell's output opens the dashboard (the one tab, activated)
+        # the run's name in the cell's status line opens the dashboard (the one tab, activated)
         _tab(page, name).locator(".lm-TabBar-tabCloseIcon").click()
         _tab(page, "train.ipynb").click()
-        page.locator(".jp-NotebookPanel .jp-Cell").nth(2).click()
-        page.keyboard.press("Shift+Enter")
-        # the first such link is the status line's once it links the run, else the one cell 3 shows
         saved = lambda r: "/api/workspaces" in r.url and r.request.method == "PUT"  # noqa: E731
         with page.expect_response(saved):  # the lab saved its layout with the dashboard in it
             page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first.click()
