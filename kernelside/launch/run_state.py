@@ -23,6 +23,7 @@ import os
 import sys
 import time
 
+from ..notebook.cell_label import running_cell_count
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
@@ -68,9 +69,8 @@ def kernel_identity() -> dict:
 def running_cell() -> dict:
     """The notebook cell that started this launch: ``{"cell": its execution count, "flags": its magic line}``.
 
-    The Runs dashboard shows both and scrolls to the cell by its count. IPython 9 counts a cell before
-    running it, older IPython after: the input history holds the running cell last either way.
-    Outside a kernel (a script) both are None.
+    The Runs dashboard shows both and scrolls to the cell by its count (the one a rank's traceback
+    names, ``notebook/cell_label.py``). Outside a kernel (a script) both are None.
 
     Example::
 
@@ -82,11 +82,9 @@ def running_cell() -> dict:
     history = getattr(shell, "history_manager", None)
     if shell is None or history is None or not history.input_hist_raw:
         return {"cell": None, "flags": None}
-    count = shell.execution_count
-    stored = len(history.input_hist_raw) - 1
-    first = history.input_hist_raw[-1].lstrip().split("\n", 1)[0]
+    first = history.input_hist_raw[-1].lstrip().split("\n", 1)[0]  # the running cell is stored last
     flags = first.split(None, 1)[1].strip() if first.startswith("%%distributed") and " " in first else None
-    return {"cell": stored if stored in (count, count - 1) else count, "flags": flags}
+    return {"cell": running_cell_count(shell), "flags": flags}
 
 
 def run_state_of(outcome: str, ranks: list) -> RunState:
