@@ -56,18 +56,19 @@ def _callers(tmp: str) -> dict:
     connector = pl._logger_connector
     fabric = L.Fabric(accelerator="cpu", devices=1)
     loss = torch.tensor(0.5)
-    depth = metric_capture._depth
+    capture_state = metric_capture.CAPTURE
 
     def three(owner, name, call):
         method = getattr(owner, name)
         original = method.__wrapped__.__get__(owner)
 
         def framework_only(i):
-            depth[0] += 1  # as inside a captured call: what the framework logs through (TensorBoard) is not recorded
+            # as inside a captured call: what the framework logs through (TensorBoard) is not recorded
+            capture_state.depth += 1
             try:
                 call(original, i)
             finally:
-                depth[0] -= 1
+                capture_state.depth -= 1
 
         # nblaunch's wrapper and capture around a method that does nothing: the capture's own work, without the
         # framework's (large, jittery) file writes in the measurement

@@ -30,7 +30,7 @@ _cuda_guard.install_when_torch_loads()
 # public name -> the module that defines it, imported on first use
 _LAZY = {
     "notebook_launcher": ".launch.launcher",
-    "last_report": ".launch.engine",
+    "last_report": ".launch.runner",
     "progress": ".worker.progress",
     "log_metrics": ".worker.progress",
     "LaunchStoppedError": ".errors",

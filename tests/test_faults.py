@@ -153,8 +153,8 @@ def slow(seconds):
 
 
 def test_two_launches_at_once_from_two_threads_the_second_is_refused():
-    from kernelside.launch.engine import launch
     from kernelside.launch.request import LaunchRequest
+    from kernelside.launch.runner import launch
 
     running = threading.Event()
     results = {}

@@ -173,3 +173,14 @@ def test_magic_works_in_plain_terminal_ipython(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "terminal rank 0" in proc.stdout and "terminal rank 1" not in proc.stdout
     assert "total 3.0 TerminalInteractiveShell" in proc.stdout
+
+
+def test_the_api_the_magic_calls_runs_a_cell_from_code_with_the_same_result(kernel):
+    cell = kernel.run(
+        "from kernelside.notebook.cell_targets import CellRequest, cell_target\n"
+        "scale = 5\n"
+        "result = cell_target({'num_processes': 2}).run(\n"
+        "    CellRequest('x = (rank + 1) * scale\\nx * 10', return_names=('x',), return_from='all'), globals())\n"
+        "print(type(result).__name__, result.value, result.names, result.ranks)\n"
+    ).ok()
+    assert "CellResult 50 {'x': [5, 10]} (0, 1)" in cell.stdout

@@ -142,8 +142,8 @@ def test_cuda_guard_records_the_first_site_that_initializes_cuda():
         state["init"] = True
 
     fake_cuda._lazy_init = lazy_init
-    saved = dict(cuda_guard._state)
-    cuda_guard._state["site"] = None
+    saved = cuda_guard.FIRST_INIT.site, cuda_guard.FIRST_INIT.installed_on
+    cuda_guard.FIRST_INIT.site = None
     try:
         cuda_guard.install(fake_cuda)
         fake_cuda._lazy_init()  # this line is the site
@@ -151,7 +151,7 @@ def test_cuda_guard_records_the_first_site_that_initializes_cuda():
         fake_cuda._lazy_init()  # later calls do not move it
         assert cuda_guard.first_init_site() == site
     finally:
-        cuda_guard._state.update(saved)
+        cuda_guard.FIRST_INIT.site, cuda_guard.FIRST_INIT.installed_on = saved
     assert site.startswith(f"{__file__}:") and "fake_cuda._lazy_init()  # this line is the site" in site
 
 

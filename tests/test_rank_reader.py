@@ -12,7 +12,7 @@ import pytest
 from kernelside.channel import EventReader, encode
 from kernelside.engines.local_group import RankPipes
 from kernelside.engines.rank_reader import RankReader
-from kernelside.worker.rank_streams import MARK
+from kernelside.worker.output_positions import MARK
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 Each ``display`` event from rank 0 (``rank_display.py``) becomes a ``display_data``,
 ``update_display_data`` or ``clear_output`` message of the running cell — so it is stored in the
-notebook like any output — once the text rank 0 printed before it is out (``notebook_bridge.py``).
+notebook like any output — once the text rank 0 printed before it is out (``engines.local_bridge``).
 Bundles spend the same budget as text (``RankOutputRouter.spend``): a new display over the budget
 is left out and counted (one note at the end says how many); an update over it is kept, newest
 per display id, and published when the budget allows or when the run ends, so a live table

@@ -159,11 +159,6 @@ class MetricsChart:
         )
 
 
-def render_svg(points: list[dict]) -> str:
-    """The chart of a list of points in one call (what ``progress_view.svg_chart`` returns)."""
-    return MetricsChart().add(points).svg()
-
-
 # -- one panel ------------------------------------------------------------------------------------
 
 

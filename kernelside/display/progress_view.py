@@ -18,7 +18,7 @@ import time
 from tqdm import std as tqdm_std
 
 from ..run_contract import RankState
-from .metrics_chart import MetricsChart, render_svg
+from .metrics_chart import MetricsChart
 from .run_links import log_links_html, run_link_html, run_name
 
 REDRAW_S = 0.1
@@ -78,11 +78,6 @@ def bar_text(state: dict) -> str:
         rate=state["rate"],
         postfix=state["postfix"] or None,
     ).strip()
-
-
-def svg_chart(points: list[dict]) -> str:
-    """The metrics chart of ``points`` as a self-contained SVG (``metrics_chart.py``: a panel per metric)."""
-    return render_svg(points)
 
 
 class RunDisplay:

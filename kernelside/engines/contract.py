@@ -1,4 +1,4 @@
-"""The engine contract: every member ``launch.engine.run_engine`` uses, and nothing more.
+"""The engine contract: every member ``launch.runner.run_engine`` uses, and nothing more.
 
 An engine starts ranks, reports what it observes to the run recorder, and stops them; it never
 decides. The policy — the deadline (``timeout``), how long ranks get to stop, when to stop them,

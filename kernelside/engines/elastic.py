@@ -40,14 +40,20 @@ from ..errors import LaunchError
 from ..launch import warmup
 from ..launch.report import ExitStatus
 from ..worker.lifecycle import RankSpec, run_rank
-from ..worker.streams import flush_all, forget_kernel_shell, fresh_std_streams
+from ..worker.std_streams import flush_all, forget_kernel_shell, fresh_std_streams
 from .contract import Engine, launch_settings
 from .elastic_events import KernelEvents, RankEvents
 
 STOP_GRACE_S = 2.0  # after SIGTERM to its workers, torch's agent notices within monitor_interval and returns
 JOIN_S = 30.0  # the longest close() waits for elastic_launch to return once every worker was killed
 
-_launching = [False]  # (a fork hook's flag: set while elastic_launch may fork this kernel)
+
+class _ElasticLaunch:
+    launching = False  # torch's launcher is starting workers now (forked from this process)
+
+
+# Global on purpose: the at-fork hook below takes no arguments, and fork is process-wide.
+ELASTIC_LAUNCH = _ElasticLaunch()
 
 
 def _fd_streams_in_forked_worker() -> None:
@@ -56,7 +62,7 @@ def _fd_streams_in_forked_worker() -> None:
     torch redirects a worker's output by ``dup2`` onto ``sys.stdout.fileno()``; in a Jupyter kernel
     that is ipykernel's stream object, whose fileno() is not fd 1, so the redirect would miss.
     """
-    if _launching[0]:
+    if ELASTIC_LAUNCH.launching:
         sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", line_buffering=True)
         sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", line_buffering=True)
 
@@ -133,7 +139,7 @@ class ElasticEngine(Engine):
     def __init__(self, req, plan, log_dir: str, out, err, *, render: str, spawn_blob: bytes | None = None):
         from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
 
-        self.req, self.plan, self.log_dir = req, plan, log_dir
+        self.req, self.plan, self.log_dir, self.spawn_blob = req, plan, log_dir, spawn_blob
         # what this kernel draws: widgets once prepare() has reached the store that carries the ranks'
         # events to this cell (machine 0's), else the ranks' text
         self.render, self.wanted_render = "text", render
@@ -217,15 +223,16 @@ class ElasticEngine(Engine):
             "endpoint": (plan.main_process_ip, plan.rdzv_port),
             "run": self.run_id,
         }
-        # fork: the workers inherit the function (a cell's whole namespace, say); spawn: it travels by cloudpickle.
+        # fork: the workers inherit the function (a cell's whole namespace, say); spawn: the payload launch()
+        # pickled once (notebook.namespace.Payload), as for the local engine
         work = (req.fn, req.args, req.kwargs)
-        blob = cloudpickle.dumps(work) if plan.start_method == "spawn" else work
+        blob = self.spawn_blob if plan.start_method == "spawn" else work
         launch = elastic_launch(self._config(), _elastic_entry)
         # torch's agent logs every worker failure with its stack; the WorkerError says it once, readably.
         agent_log = logging.getLogger("torch.distributed.elastic")
         self.agent_level = agent_log.level
         agent_log.setLevel(logging.CRITICAL)
-        _launching[0] = True
+        ELASTIC_LAUNCH.launching = True
 
         def run() -> None:
             # In a thread, torch's agent installs no signal handlers: Ctrl-C stays the kernel's (run_engine's).
@@ -330,7 +337,7 @@ class ElasticEngine(Engine):
                 waited += 0.2
             if recorder is not None and not self.thread.is_alive() and not self.told:
                 self._tell_end(recorder)
-        _launching[0] = False
+        ELASTIC_LAUNCH.launching = False
         for sig, handler in self.handlers.items():
             signal.signal(sig, handler)
         self.handlers = {}

@@ -4,7 +4,7 @@ main thread, so Ctrl-C lands here).
 
 It only observes: bytes go to the recorder as output, events as events, process exits as exits.
 The recorder decides what they mean and, at the first failure, asks the engine to stop (SIGTERM
-to every rank); ``launch.engine.run_engine`` decides how long to keep polling (the deadline, the
+to every rank); ``launch.runner.run_engine`` decides how long to keep polling (the deadline, the
 grace), and the engine's ``close()`` does the rest.
 
 Example::

@@ -1,7 +1,7 @@
 """One ordered reader per local rank: it owns the rank's stdout, stderr and event pipes and their order.
 
 A rank sends an event that must land in order with its text (rich output, an input prompt) after
-writing a *mark* into fds 1 and 2 (``worker.rank_streams.send_marked``), so every byte written
+writing a *mark* into fds 1 and 2 (``worker.output_positions.send_marked``), so every byte written
 before the event — by Python or by C code — is in the pipes ahead of the mark. The reader gives
 what it read back as one ordered list of items:
 

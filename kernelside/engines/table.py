@@ -2,7 +2,7 @@
 
 Every engine is an ``engines.contract.Engine`` (in the spirit of torch elastic's ``PContext``):
 it starts ranks, reports what it observes to the run recorder, and stops them; the policy
-(deadline, grace, stop, Ctrl-C) is ``launch.engine.run_engine``'s. The outcome is the
+(deadline, grace, stop, Ctrl-C) is ``launch.runner.run_engine``'s. The outcome is the
 recorder's, never the engine's.
 
 Example::

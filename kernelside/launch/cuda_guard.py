@@ -27,7 +27,17 @@ import re
 import sys
 import traceback
 
-_state: dict = {"site": None, "installed_on": None}
+
+class _FirstInit:
+    """Where CUDA was first initialized in this process, and the ``torch.cuda`` module whose init is wrapped."""
+
+    site: str | None = None
+    installed_on = None
+
+
+# Global on purpose: CUDA is initialized once per process, by whatever code, and the wrapper that
+# notices it runs inside torch, where no launch object can be passed.
+FIRST_INIT = _FirstInit()
 
 _SKIP_PATHS = ("/torch/", "/kernelside/launch/cuda_guard.py", "/contextlib.py", "/functools.py")
 
@@ -78,16 +88,16 @@ def install(cuda_module=None) -> None:
 
     def _lazy_init_recording(*args, **kwargs):
         was = cuda_module.is_initialized()
-        site = None if was or _state["site"] else _describe_caller()
+        site = None if was or FIRST_INIT.site else _describe_caller()
         result = original(*args, **kwargs)
-        if site and cuda_module.is_initialized() and not _state["site"]:
-            _state["site"] = site
+        if site and cuda_module.is_initialized() and not FIRST_INIT.site:
+            FIRST_INIT.site = site
         return result
 
     _lazy_init_recording._nblaunch_wrapped = True
     _lazy_init_recording.__wrapped__ = original
     cuda_module._lazy_init = _lazy_init_recording
-    _state["installed_on"] = cuda_module
+    FIRST_INIT.installed_on = cuda_module
 
 
 class _InstallOnTorchCudaImport(importlib.abc.MetaPathFinder):
@@ -152,8 +162,8 @@ def is_cuda_initialized() -> bool:
 
 def first_init_site() -> str | None:
     """Where CUDA was first initialized: torch's first init site if recorded, else the driver below torch."""
-    if _state["site"]:
-        return _state["site"]
+    if FIRST_INIT.site:
+        return FIRST_INIT.site
     state, path = driver_state()
     if state == "initialized" and not _torch_initialized():
         return (

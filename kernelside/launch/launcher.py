@@ -1,4 +1,4 @@
-"""``notebook_launcher()``: Accelerate's function, argument for argument, on nblaunch's engine."""
+"""``notebook_launcher()``: Accelerate's function, argument for argument, on nblaunch's launch (``runner.launch``)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import sys
 
 from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError, LaunchStoppedError, LaunchTimeoutError, WorkerError
-from .engine import launch
 from .request import LaunchRequest
+from .runner import launch
 
 _LOOPBACK = ("127.0.0.1", "localhost", "::1", "")
 

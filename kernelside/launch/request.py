@@ -26,7 +26,8 @@ class LaunchRequest:
     on_event: object = None  # callable(rank, kind, payload), called for every worker event
     stdout: object = None
     stderr: object = None
-    bind: object = None  # callable(plan) -> the function to run, once the plan (fork/spawn...) is known
+    return_rank: int | None = None  # the rank whose value the caller wants (--return-from): must exist in the plan
+    namespace: dict | None = None  # the notebook names a cell program reads (``notebook.namespace.Payload``)
     line_prefix: str | None = None  # torchrun-style template: "${rank}", "${local_rank}", "${role_name}"
     restart_count: int = 0
     elastic: dict = dataclasses.field(default_factory=dict)  # rdzv_conf, rdzv_id, max_restarts... (multi-machine)

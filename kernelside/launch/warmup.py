@@ -18,8 +18,18 @@ from __future__ import annotations
 import os
 import threading
 
-_state: dict = {"thread": None, "done": False}
-_lock = threading.Lock()
+
+class _Warmup:
+    """The background import: its thread, whether it is done, and the lock that starts it once."""
+
+    def __init__(self):
+        self.thread: threading.Thread | None = None
+        self.done = False
+        self.lock = threading.Lock()
+
+
+# Global on purpose: imports are per process, and the at-fork hook below (which takes no arguments) must see it.
+WARMUP = _Warmup()
 
 
 def _import() -> None:
@@ -36,24 +46,24 @@ def _run() -> None:
     try:
         _import()
     finally:
-        _state["done"] = True
+        WARMUP.done = True
 
 
 def start() -> None:
     """Begin the imports in a daemon thread (once per process; a no-op when already done or started)."""
-    with _lock:
-        if _state["done"] or _state["thread"] is not None:
+    with WARMUP.lock:
+        if WARMUP.done or WARMUP.thread is not None:
             return
         t = threading.Thread(target=_run, name="nblaunch-warmup", daemon=True)
-        _state["thread"] = t
+        WARMUP.thread = t
         t.start()
 
 
 def ensure() -> None:
     """Return once the imports are done: joins the background thread, or imports here."""
-    if _state["done"]:
+    if WARMUP.done:
         return
-    t = _state["thread"]
+    t = WARMUP.thread
     if t is None:
         _run()
     elif t is not threading.current_thread():
@@ -62,8 +72,8 @@ def ensure() -> None:
 
 def _before_fork() -> None:
     # a fork while the warm-up thread holds an import lock would leave the child's lock held forever
-    t = _state["thread"]
-    if t is not None and not _state["done"] and t is not threading.current_thread():
+    t = WARMUP.thread
+    if t is not None and not WARMUP.done and t is not threading.current_thread():
         t.join()
 
 

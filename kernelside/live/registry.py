@@ -9,13 +9,20 @@ Example::
 
 from __future__ import annotations
 
-_current: list = [None]
+
+class _KernelSession:
+    session = None
+
+
+# Global on purpose: one live session per kernel, and a kernel is one process; every %%distributed cell,
+# %distributed_* magic and the panel's Stop must reach the same one.
+KERNEL_SESSION = _KernelSession()
 
 
 def current():
     """This kernel's live session (a ``live.session.LiveSession``), or None."""
-    return _current[0]
+    return KERNEL_SESSION.session
 
 
 def set_current(session) -> None:
-    _current[0] = session
+    KERNEL_SESSION.session = session

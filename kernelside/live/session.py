@@ -3,7 +3,7 @@
 The world is the local engine's (``engines.local.LocalEngine``: the same WorkerGroup, rendezvous
 store and pipes as a one-shot launch) with live ranks (``worker.live_rank``) that wait for requests
 instead of exiting. Each request — a cell, a function call, a push — goes through
-``launch.engine.run_engine`` with a ``LiveRunEngine``: the same report, output routing, widgets,
+``launch.runner.run_engine`` with a ``LiveRunEngine``: the same report, output routing, widgets,
 RunRecorder, failure and interrupt rules. A world that cannot go on is restarted with the same flags.
 
 One session per kernel at a time (``current()``); a second kernel has its own.
@@ -26,7 +26,6 @@ import pickle
 import sys
 import threading
 import time
-import types
 
 import cloudpickle
 
@@ -35,14 +34,14 @@ from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..engines.local import LocalEngine
 from ..errors import LaunchConfigError, LaunchError
-from ..launch.engine import keeping_last_report, plan_for, run_engine
 from ..launch.recorder import live_rank_state
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
+from ..launch.runner import keeping_last_report, plan_for, run_engine
 from ..run_contract import RankState
 from . import registry
-from .cell_engine import LiveRunEngine
-from .names import NameSender, dumps, names_assigned, needed_names
+from .names import NameSender, dumps
+from .request_engine import LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
 
 current = registry.current  # this kernel's live session, or None
@@ -229,8 +228,7 @@ class LiveSession:
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
         ns = kernel_namespace()
-        values = self.names.collect(needed_names(program.source, program.filename, ns), ns)
-        assigned = names_assigned(program.source, program.filename)
+        values, assigned = self.names.for_cell(program, ns)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
     @_holding_life
@@ -240,12 +238,7 @@ class LiveSession:
             raise LaunchConfigError("function", fn, "a callable (a function defined in the notebook, say)")
         self._ensure_world()
         ns = kernel_namespace()
-        used: set[str] = set()
-        if isinstance(fn, types.FunctionType) and fn.__module__ == "__main__":
-            from .names import _code_names
-
-            _code_names(fn, ns, used)
-        values = self.names.collect(used, ns)
+        values = self.names.for_function(fn, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
     @_holding_life

@@ -2,10 +2,10 @@
 
 ``prepare_cell()`` runs in the kernel: it compiles the cell once (so syntax errors, a
 top-level ``return`` or ``await`` fail before anything starts), finds its last
-expression, and for spawn collects the notebook names the cell uses. ``CellProgram`` is
-what each worker calls: it executes the cell in the notebook's namespace (inherited under
-fork, shipped under spawn) plus ``rank``, ``local_rank``, ``world_size`` and ``device``,
-and returns the last expression's value and the ``--return`` names.
+expression. ``CellProgram`` is what each worker calls: it executes the cell in the notebook's
+namespace (inherited under fork, the names it reads under spawn: ``notebook.namespace.Payload``)
+plus ``rank``, ``local_rank``, ``world_size`` and ``device``, and returns ``CellValues``: the last
+expression's value and the ``--return`` names.
 
 Example::
 
@@ -22,9 +22,8 @@ import dataclasses
 import linecache
 import types
 
-import cloudpickle
-
 from ..errors import LaunchConfigError
+from ..worker.cell_values import CellValues
 from ..worker.context import current as current_worker
 from ..worker.results import unwrap_for_return
 
@@ -36,6 +35,10 @@ class CellProgram:
     last_expression: bool  # the last statement is an expression whose value is the cell's result
     return_names: tuple[str, ...]
     namespace: dict | None = None  # fork: the notebook's own namespace (inherited); spawn: the names shipped
+
+    def with_namespace(self, namespace: dict) -> CellProgram:
+        """This program run in ``namespace`` (a copy: the program itself is never changed)."""
+        return dataclasses.replace(self, namespace=namespace)
 
     def __call__(self):
         import torch
@@ -55,12 +58,7 @@ class CellProgram:
         returned = {n: unwrap_for_return(ns[n]) for n in self.return_names if n in ns}
         missing = [n for n in self.return_names if n not in ns]
         available = sorted(n for n, v in ns.items() if not n.startswith("_") and not isinstance(v, types.ModuleType))
-        return {
-            "last": unwrap_for_return(value),
-            "returned": returned,
-            "missing": missing,
-            "available": available if missing else [],
-        }
+        return CellValues(unwrap_for_return(value), returned, missing, available if missing else [])
 
 
 def _cell_error(message: str) -> LaunchConfigError:
@@ -125,40 +123,3 @@ def ends_with_semicolon(body: str) -> bool:
         if code:
             return code.endswith(";")
     return False
-
-
-def names_used(source: str, filename: str) -> set[str]:
-    """Every global name the cell's code (nested functions and classes included) may read."""
-    names: set[str] = set()
-
-    def walk(code: types.CodeType):
-        names.update(code.co_names)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                walk(const)
-
-    walk(compile(source, filename, "exec"))
-    return names
-
-
-def ship_namespace(program: CellProgram, user_ns: dict) -> dict:
-    """The notebook names the cell uses, checked one by one for spawn; unpicklable ones are named."""
-    shipped, problems = {}, []
-    for name in sorted(names_used(program.source, program.filename)):
-        if name not in user_ns or name.startswith("__") or name in ("In", "Out", "get_ipython", "exit", "quit"):
-            continue
-        value = user_ns[name]
-        try:
-            cloudpickle.dumps(value)
-        except Exception as e:
-            problems.append(f"{name!r} ({type(value).__name__}): {type(e).__name__}: {e}")
-            continue
-        shipped[name] = value
-    if problems:
-        raise _cell_error(
-            "these notebook names cannot be sent to spawned workers: "
-            + "; ".join(problems)
-            + ". Use fork (--start-method fork, possible while CUDA is not initialized in the kernel), "
-            "or create them inside the %%distributed cell."
-        )
-    return shipped

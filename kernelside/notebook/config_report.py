@@ -22,7 +22,7 @@ from ..config.fields import allowed
 from ..engines.table import engine_class
 from ..errors import LaunchConfigError
 from ..launch import hardware
-from ..launch.engine import plan_for
+from ..launch.runner import plan_for
 
 
 def config_report(cfg: ResolvedConfig) -> str:

@@ -35,7 +35,8 @@ from ..errors import LaunchConfigError
 from ..launch import hardware
 from ..launch.plan import accelerate_env
 from .cell import ends_with_semicolon
-from .export_deps import Collector, cell_free_names
+from .export_deps import Collector
+from .namespace import cell_free_names
 
 
 @dataclasses.dataclass
@@ -48,15 +49,23 @@ class CellRecord:
     config: str | None = None
 
 
-_last_cell: list[CellRecord] = []
+class _LastCell:
+    record: CellRecord | None = None
+
+
+# Global on purpose: %distributed_export exports "the last %%distributed cell of this kernel", whichever
+# magic instance or API call ran it; a kernel is one process.
+LAST_CELL = _LastCell()
 
 
 def remember_cell(record: CellRecord) -> None:
-    _last_cell[:] = [record]
+    """Keep ``record`` as the cell ``%distributed_export`` exports by default."""
+    LAST_CELL.record = record
 
 
 def last_cell() -> CellRecord | None:
-    return _last_cell[0] if _last_cell else None
+    """The last ``%%distributed`` cell that ran in this kernel, or None."""
+    return LAST_CELL.record
 
 
 @dataclasses.dataclass

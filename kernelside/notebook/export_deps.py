@@ -1,11 +1,12 @@
-"""What an exported script must carry from the notebook: the names its code uses, and for each
-an import line, a literal, the source of a notebook function or class (and what that uses in
-turn), or a value for the data pickle.
+"""The export transport of notebook names: for each name an exported script uses (which ones:
+``notebook.namespace``), an import line, a literal, the source of a notebook function or class (and
+what that uses in turn), or a value for the data pickle.
 
 Example::
 
-    >>> sorted(cell_free_names("y = x + 1\nprint(y)"))
-    ['print', 'x']
+    >>> col = Collector({"lr": 0.1, "np": numpy})       # doctest: +SKIP
+    >>> col.visit({"lr", "np"}); col.imports, col.literals   # doctest: +SKIP
+    (['import numpy as np'], [('lr', '0.1')])
 """
 
 from __future__ import annotations
@@ -16,60 +17,12 @@ import importlib
 import inspect
 import linecache
 import pickle
-import symtable
 import textwrap
 import types
 
-WORKER_NAMES = ("rank", "local_rank", "world_size", "device")
-_SKIP = {"In", "Out", "get_ipython", "exit", "quit", "_", "__", "___"}
+from .namespace import definition_refs, is_notebook_name
+
 _LITERAL_MAX = 2000  # longer literals go into the pickle instead of the script text
-
-
-def _global_refs(table: symtable.SymbolTable, top: bool) -> set[str]:
-    """Names a scope (and the scopes inside it) reads from module level."""
-    out = set()
-    for sym in table.get_symbols():
-        if not sym.is_referenced():
-            continue
-        if top or sym.is_global():
-            out.add(sym.get_name())
-    for child in table.get_children():
-        out |= _global_refs(child, False)
-    return out
-
-
-def _nested_refs(table: symtable.SymbolTable) -> set[str]:
-    out = set()
-    for child in table.get_children():
-        out |= _global_refs(child, False)
-    return out
-
-
-def cell_free_names(source: str) -> set[str]:
-    """Names the cell reads before (or without) binding them itself: those must come from the notebook."""
-    tree = ast.parse(source)
-    first_store: dict[str, int] = {}
-    first_load: dict[str, int] = {}
-    for i, stmt in enumerate(tree.body):
-        for node in ast.walk(stmt):
-            if isinstance(node, ast.Name):
-                target = first_load if isinstance(node.ctx, ast.Load) else first_store
-                target.setdefault(node.id, i)
-            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                first_store.setdefault(node.name, i)
-            elif isinstance(node, (ast.Import, ast.ImportFrom)):
-                for alias in node.names:
-                    first_store.setdefault((alias.asname or alias.name).split(".")[0], i)
-    table = symtable.symtable(source, "<cell>", "exec")
-    free = {n for n, i in first_load.items() if i <= first_store.get(n, len(tree.body))}
-    # Functions defined in the cell read globals when called: notebook names unless the cell binds them.
-    free |= {n for n in _nested_refs(table) if n not in first_store}
-    return free
-
-
-def definition_refs(source: str, own_name: str) -> set[str]:
-    table = symtable.symtable(source, "<definition>", "exec")
-    return _global_refs(table, True) - {own_name}
 
 
 def _function_source(fn) -> str | None:
@@ -174,7 +127,7 @@ class Collector:
 
     def visit(self, names) -> None:
         for name in sorted(names):
-            if name in self.seen or name in _SKIP or name in WORKER_NAMES or name.startswith("__"):
+            if name in self.seen or not is_notebook_name(name):
                 continue
             if name not in self.ns:
                 continue  # a builtin, or a name the code defines itself

@@ -1,7 +1,9 @@
 """IPython magics: ``%%distributed``, ``%distributed_config``, ``%distributed_last``, ``%distributed_export``.
 
-The magics only parse and delegate: the cell becomes a ``CellProgram`` and goes through the
-same ``engine.launch()`` that ``notebook_launcher()`` uses.
+The magics only parse and delegate: the flags (declared once, ``magic_flags``) become a
+``CellRequest`` for the cell's target (``cell_targets``: its own launch, through the same
+``launch()`` that ``notebook_launcher()`` uses, or the live session), whose ``CellResult`` the
+notebook receives.
 
 Example (in a notebook)::
 
@@ -20,14 +22,13 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
-from ..launch.engine import last_report, launch
-from ..launch.request import LaunchRequest
+from ..launch.runner import last_report
 from ..live import registry as live_session
-from .cell import prepare_cell, ship_namespace
 from .cell_label import cell_label
+from .cell_targets import CellRequest, cell_target
 from .config_report import config_report
-from .export import CellRecord, export_cell, export_function, last_cell, remember_cell
-from .live_magics import flag_arguments, run_live_cell
+from .export import CellRecord, export_cell, export_function, last_cell
+from .magic_flags import cell_flags, launch_flags, settings
 
 
 def _names(spec: str | None) -> tuple[str, ...]:
@@ -51,47 +52,8 @@ def _return_from(spec: str) -> int | str:
 @magics_class
 class DistributedMagics(Magics):
     @magic_arguments()
-    @argument(
-        "-n",
-        "--num-processes",
-        type=int,
-        default=None,
-        help="Number of workers (default: from nblaunch.yaml, else one per GPU, or 2 without GPUs).",
-    )
-    @argument("--backend", default=None, help="auto | nccl | gloo (auto: nccl when each rank has its own GPU).")
-    @argument("--start-method", default=None, help="auto | fork | forkserver | spawn (see start_method).")
-    @argument("--mixed-precision", default=None, help="no | fp16 | bf16 | fp8 (read by Accelerate in the workers).")
-    @argument("--gpu-ids", default=None, help="GPUs to use: all, or indices such as 0,1.")
-    @argument("--output", default=None, help="Whose output shows in the cell: rank0 | all | none.")
-    @argument("--progress", default=None, help="Whose progress bars show: rank0 | all.")
-    @argument(
-        "--metrics",
-        default=None,
-        help="on | off: whether Accelerate, Trainer, Lightning and TensorBoard logs draw the live chart.",
-    )
-    @argument(
-        "--return",
-        dest="return_names",
-        default=None,
-        metavar="NAMES",
-        help="Comma-separated names to bring back into the notebook after the run, e.g. model,losses.",
-    )
-    @argument(
-        "--return-from",
-        default="0",
-        metavar="RANK|all",
-        help="Which rank's values --return brings back (default 0); all: each name becomes a list by rank.",
-    )
-    @argument("--timeout", type=float, default=None, help="Stop every rank after this many seconds.")
-    @argument("--config", default=None, metavar="PATH", help="nblaunch.yaml to use instead of the one found.")
-    @argument("--port", type=int, default=None, help="Rendezvous port (a free one is used if it is taken).")
-    @argument("--engine", default=None, help="local | ray (Ray Train on the cluster at ray_address).")
-    @argument(
-        "--ranks",
-        default=None,
-        metavar="RANKS|all",
-        help="Live session only: run the cell on these ranks, e.g. 0 or 0,2 (default all).",
-    )
+    @launch_flags
+    @cell_flags
     @cell_magic
     def distributed(self, line, cell):
         """Run this cell on N workers with torch.distributed set up; rank 0's output streams here.
@@ -111,39 +73,16 @@ class DistributedMagics(Magics):
         session, each cell starts and ends its own workers.
         """
         args = parse_argstring(self.distributed, line)
-        return_names = _names(args.return_names)
-        return_from = _return_from(args.return_from)
-        shell = self.shell
-        session = live_session.current()
-        if session is not None:
-            results, ranks, return_from = run_live_cell(shell, session, args, cell, return_names, return_from)
-            return _bring_back(shell, results, return_names, return_from, ranks)
-        if args.ranks is not None:
-            raise LaunchConfigError(
-                "--ranks",
-                args.ranks,
-                None,
-                message="--ranks needs a live session (%distributed_start): a one-shot cell runs on every rank.",
-            )
-        program = prepare_cell(cell, cell_label=cell_label(shell), line_offset=1, return_names=return_names)
-
-        def bind(plan):
-            if isinstance(return_from, int) and return_from >= plan.num_processes:
-                raise LaunchConfigError(
-                    "--return-from",
-                    return_from,
-                    f"a rank below the number of processes ({plan.num_processes}) or 'all'",
-                )
-            # fork: the workers inherit the notebook's namespace itself; spawn: ship what the cell uses
-            program.namespace = shell.user_ns if plan.start_method == "fork" else ship_namespace(program, shell.user_ns)
-            return program
-
-        arguments = flag_arguments(args, engine=args.engine, metrics=args.metrics)
-        remember_cell(CellRecord(cell, cell_label(shell), arguments, args.config))
-        req = LaunchRequest(fn=program, arguments=arguments, config=args.config, bind=bind, return_all=return_from != 0)
-        outcome = launch(req)
-        results = outcome.values if req.return_all else [outcome.value]
-        return _bring_back(shell, results, return_names, return_from, tuple(range(len(results))))
+        request = CellRequest(
+            cell,
+            label=cell_label(self.shell),
+            return_names=_names(args.return_names),
+            return_from=_return_from(args.return_from),
+            ranks=args.ranks,
+        )
+        result = cell_target(settings(args), args.config).run(request, self.shell.user_ns)
+        self.shell.user_ns.update(result.names)
+        return result.value
 
     @magic_arguments()
     @argument("path", metavar="NAME.py", help="The script to write (data the code uses goes to NAME.data.pkl).")
@@ -209,29 +148,6 @@ class DistributedMagics(Magics):
         if report is None:
             print("No nblaunch run in this kernel yet.")
         return report
-
-
-def _bring_back(shell, results: list, return_names, return_from, ranks: tuple[int, ...]):
-    """Assign the --return names in the notebook; the cell's result (its first rank's last expression)."""
-    first = ranks[0]
-    chosen = results[first] if return_from == "all" else results[return_from]
-    missing = chosen["missing"]
-    if missing:
-        rank = first if return_from == "all" else return_from
-        raise LaunchConfigError(
-            "--return",
-            ",".join(missing),
-            None,
-            message=f"--return: rank {rank} did not define {', '.join(repr(m) for m in missing)}. Names that "
-            f"exist after the cell: {', '.join(chosen['available']) or '(none)'}. The other names were "
-            "not assigned either.",
-        )
-    if return_from == "all":
-        for name in return_names:
-            shell.user_ns[name] = [results[r]["returned"][name] for r in ranks]
-    else:
-        shell.user_ns.update(chosen["returned"])
-    return results[first]["last"]
 
 
 # A misspelt or shortened flag is an error, never silently taken for another flag.

@@ -39,12 +39,19 @@ def stamp() -> dict:
     return {"t": time.monotonic(), "wall": time.time()}
 
 
-_current: list[WorkerContext | None] = [None]
+class _ThisRank:
+    context: WorkerContext | None = None
+
+
+# Global on purpose: a rank process runs one launch, and user code calls progress(), log_metrics() or
+# display() with no handle to pass; in the kernel it stays None (launch() refuses to run inside a rank by it).
+THIS_RANK = _ThisRank()
 
 
 def current() -> WorkerContext | None:
-    return _current[0]
+    """This rank's context, or None outside a rank (in the kernel)."""
+    return THIS_RANK.context
 
 
 def set_current(ctx: WorkerContext | None) -> None:
-    _current[0] = ctx
+    THIS_RANK.context = ctx

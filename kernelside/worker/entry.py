@@ -24,7 +24,7 @@ import sys
 from ..channel import EventWriter
 from .lifecycle import RankSpec, error_payload, run_rank
 from .results import remember_kernel_main_objects
-from .streams import enable_faulthandler, flush_all, forget_kernel_shell, fresh_std_streams, libc
+from .std_streams import enable_faulthandler, flush_all, forget_kernel_shell, fresh_std_streams, libc
 
 PR_SET_PDEATHSIG = 1
 SPEC_ENV = "NBLAUNCH_RANK_SPEC"

@@ -170,7 +170,7 @@ def _enter_rank(request: dict, fds: list[int], template_pid: int) -> None:
     from ..channel import EventWriter
     from .entry import Payload, _die_with_parent, _run_and_exit
     from .lifecycle import error_payload
-    from .streams import flush_all, fresh_std_streams
+    from .std_streams import flush_all, fresh_std_streams
 
     try:
         os.setsid()  # own process group: the kernel signals the rank (and its children) with killpg

@@ -40,15 +40,26 @@ from . import progress
 from .context import current as current_worker
 from .import_patches import when_imported
 
-_depth = [0]  # captured calls in progress: only the outermost one records
-_state = {"rank": 0, "all": False, "broken": set()}
+
+class _Capture:
+    """This rank's capture: its rank, whether every rank's points are shown, loggers found unreadable, and
+    how deep in captured calls the rank is (a logger calling another records once, at the outermost)."""
+
+    def __init__(self):
+        self.rank, self.every_rank, self.depth = 0, False, 0
+        self.broken: set[str] = set()
+        self.tensor = None  # torch.Tensor, set at install (torch is imported in every worker by then)
+
+
+# Global on purpose: the frameworks' logging methods are patched once per process (a rank runs one
+# launch), and a patched method has only this module to find its rank by.
+CAPTURE = _Capture()
 
 
 # -- recording -------------------------------------------------------------------------------------
 
 
 _record_point = progress.record_point  # log_metrics()'s own buffer and throttle
-_tensor = [None]  # torch.Tensor, set at install (torch is imported in every worker by then)
 
 
 def record(step, values) -> None:
@@ -73,7 +84,7 @@ def point(step, values, prefix: str = "", out: dict | None = None) -> dict:
         key = k if not prefix and type(k) is str else f"{prefix}{k}"
         if t is float:
             pass
-        elif t is _tensor[0]:  # what Lightning and Accelerate users log most, after floats
+        elif t is CAPTURE.tensor:  # what Lightning and Accelerate users log most, after floats
             if v.numel() != 1:
                 continue
             v = float(v.item())
@@ -102,8 +113,8 @@ def point(step, values, prefix: str = "", out: dict | None = None) -> dict:
 def _emit(p: dict) -> None:
     if len(p) == 1:
         return  # nothing numeric was logged
-    if _state["all"]:
-        p["rank"] = _state["rank"]
+    if CAPTURE.every_rank:
+        p["rank"] = CAPTURE.rank
     _record_point(p)
 
 
@@ -173,8 +184,8 @@ for _pkg in ("lightning.fabric", "lightning_fabric"):
 
 def _broken(what: str, exc: BaseException) -> None:
     """Say once that a logger could not be read (the framework's own logging already ran)."""
-    if what not in _state["broken"]:
-        _state["broken"].add(what)
+    if what not in CAPTURE.broken:
+        CAPTURE.broken.add(what)
         sys.stderr.write(
             f"nblaunch: could not record the metrics logged through {what} ({type(exc).__name__}: {exc}); "
             "the framework's own logging is unaffected, the chart leaves these out. Use log_metrics() instead.\n"
@@ -186,15 +197,14 @@ def _wrap(owner: type, name: str, capture) -> None:
     if original is None or getattr(original, "_nblaunch_capture", False):
         return
     what = f"{owner.__name__}.{name}"
-    depth = _depth
 
     def wrapper(self, *args, **kwargs):
-        depth[0] += 1
+        CAPTURE.depth += 1
         try:
             result = original(self, *args, **kwargs)
         finally:
-            depth[0] -= 1
-        if capture is not None and not depth[0]:
+            CAPTURE.depth -= 1
+        if capture is not None and not CAPTURE.depth:
             try:
                 capture(self, args, kwargs)
             except Exception as e:  # a logger we misread must never break the user's training
@@ -221,10 +231,10 @@ def install_in_worker(enabled: bool = True) -> bool:
     every_rank = ctx.progress_scope == "all"
     if ctx.rank != 0 and not every_rank:
         return False  # log_metrics() would drop these ranks' points anyway: their calls cost nothing extra
-    _state.update(rank=ctx.rank, all=every_rank)
+    CAPTURE.rank, CAPTURE.every_rank = ctx.rank, every_rank
     import torch
 
-    _tensor[0] = torch.Tensor
+    CAPTURE.tensor = torch.Tensor
     for name in _PATCHES:
         when_imported(name, _patch_module)
     return True

@@ -33,6 +33,8 @@ from tqdm import std as _tqdm_std
 
 from .context import current as _worker
 
+# Global on purpose: a rank is one process running one launch; bars opened anywhere in it (nested
+# loops, libraries' own tqdm) share one id sequence and one stack for their nesting.
 _bar_ids = itertools.count()
 _open_bars: list = []
 
@@ -128,8 +130,17 @@ def progress(iterable=None, desc=None, total=None, leave=True, unit="it", disabl
     return _tqdm_std.tqdm(iterable, file=sys.stderr, **kwargs)
 
 
-_pending_metrics: list = []
-_last_flush = [0.0]
+class _MetricsBuffer:
+    """Points logged since the last flush, and when that was (monotonic)."""
+
+    def __init__(self):
+        self.points: list[dict] = []
+        self.last_flush = 0.0
+
+
+# Global on purpose: log_metrics() and the captured loggers are called from anywhere in the rank's
+# code, with no launch object at hand; one buffer per rank process throttles them together.
+METRICS = _MetricsBuffer()
 METRICS_FLUSH_S = 0.1
 
 
@@ -155,20 +166,20 @@ def record_point(point: dict) -> None:
     """Buffer one metrics point (``{"step": ..., name: value}``) and send the buffer at most every
     METRICS_FLUSH_S: ``log_metrics()`` and the frameworks' captured loggers (metric_capture.py) both
     record through here."""
-    _pending_metrics.append(point)
+    METRICS.points.append(point)
     now = time.monotonic()
-    if now - _last_flush[0] >= METRICS_FLUSH_S:
+    if now - METRICS.last_flush >= METRICS_FLUSH_S:
         flush_metrics(now)
 
 
 def flush_metrics(now: float | None = None) -> None:
     """Send buffered metrics now (the worker calls this before it ends, so the last point is never lost)."""
     ctx = _worker()
-    if ctx is None or not _pending_metrics:
+    if ctx is None or not METRICS.points:
         return
-    batch = list(_pending_metrics)
-    _pending_metrics.clear()
-    _last_flush[0] = time.monotonic() if now is None else now
+    batch = list(METRICS.points)
+    METRICS.points.clear()
+    METRICS.last_flush = time.monotonic() if now is None else now
     ctx.events.send("metrics", batch)
 
 

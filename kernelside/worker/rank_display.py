@@ -6,7 +6,7 @@ paths), and without one IPython's ``display()`` prints a repr. In rank 0, IPytho
 functions instead format the object here, with the notebook's own formatters when the rank was
 forked (figures, formatters registered in the notebook) or fresh ones when it was spawned, and
 send the bundle over the event channel as a ``display`` event; the kernel publishes it in the
-cell (``notebook_bridge.py``). The event carries how much text the rank had written, so the
+cell (``engines.local_bridge``). The event carries how much text the rank had written, so the
 bundle lands in order with rank 0's prints.
 
 The functions are replaced in place (their code, not their name): every reference reaches the
@@ -29,11 +29,23 @@ import sys
 import types
 import uuid
 
-from . import rank_streams
+from . import output_positions
 
 _TARGET_MODULE = "IPython.core.display_functions"
 _REPLACED = ("display", "update_display", "clear_output", "publish_display_data")
-_state: dict = {"events": None, "formatter": None, "figures": False}
+
+
+class _RankDisplay:
+    """Where rank 0's displays go (its event channel), the formatter that makes bundles, whether figures are hooked."""
+
+    events = None
+    formatter = None
+    figures = False
+
+
+# Global on purpose: a rank is one process running one launch, and the display functions replaced in
+# IPython (and matplotlib's show) are process-wide: the trampolines below find their target here.
+RANK_DISPLAY = _RankDisplay()
 
 
 def keep_kernel_formatter(shell) -> None:
@@ -44,7 +56,7 @@ def keep_kernel_formatter(shell) -> None:
     """
     formatter = getattr(shell, "display_formatter", None)
     if formatter is not None:
-        _state["formatter"] = formatter
+        RANK_DISPLAY.formatter = formatter
 
 
 def install(events, rank: int) -> None:
@@ -55,9 +67,9 @@ def install(events, rank: int) -> None:
         >>> install(current().events, rank=0)      # doctest: +SKIP
     """
     if rank != 0:
-        _state["formatter"] = None
+        RANK_DISPLAY.formatter = None
         return
-    _state["events"] = events
+    RANK_DISPLAY.events = events
     mod = sys.modules.get(_TARGET_MODULE)
     if mod is not None:
         _replace(mod)
@@ -132,9 +144,9 @@ def publish_display_data(data, metadata=None, *, transient=None, update=False, *
 
 
 def _send(payload: dict) -> None:
-    events = _state["events"]
+    events = RANK_DISPLAY.events
     try:
-        rank_streams.send_marked(events, "display", payload)  # after the text before it, before what follows
+        output_positions.send_marked(events, "display", payload)  # after the text before it, before what follows
     except Exception as e:  # a bundle that cannot be pickled: show what it says as text
         text = payload.get("data", {}).get("text/plain", "")
         sys.stderr.write(f"nblaunch: rich output could not be sent to the notebook ({type(e).__name__}: {e})\n")
@@ -148,7 +160,7 @@ _RANK_LOCAL_MIMES = ("application/vnd.jupyter.widget-view+json",)
 
 def _format(obj, include, exclude):
     formatter = _formatter()
-    if not _state["figures"]:
+    if not RANK_DISPLAY.figures:
         _enable_figures(obj, formatter)
     data, md = formatter.format(obj, include=include, exclude=exclude)
     for mime in _RANK_LOCAL_MIMES:
@@ -158,11 +170,11 @@ def _format(obj, include, exclude):
 
 
 def _formatter():
-    if _state["formatter"] is None:
+    if RANK_DISPLAY.formatter is None:
         from IPython.core.formatters import DisplayFormatter
 
-        _state["formatter"] = DisplayFormatter()
-    return _state["formatter"]
+        RANK_DISPLAY.formatter = DisplayFormatter()
+    return RANK_DISPLAY.formatter
 
 
 def _enable_figures(obj, formatter) -> None:
@@ -170,7 +182,7 @@ def _enable_figures(obj, formatter) -> None:
     fig_mod = sys.modules.get("matplotlib.figure")
     if fig_mod is None or not isinstance(obj, fig_mod.Figure):
         return
-    _state["figures"] = True
+    RANK_DISPLAY.figures = True
     try:
         formatter.formatters["image/png"].lookup_by_type(fig_mod.Figure)
         return  # the notebook's inline backend registered its formats already

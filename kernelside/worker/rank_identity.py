@@ -9,7 +9,7 @@ saying "one process, not distributed", and every rank's ``Accelerator()`` would 
 script started by torchrun would see. A spawned rank starts clean already; the calls are no-ops
 there.
 
-(The kernel side's guard against a launch started from inside a rank is in ``launch.engine``.)
+(The kernel side's guard against a launch started from inside a rank is in ``launch.runner``.)
 
 Example::
 

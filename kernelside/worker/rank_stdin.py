@@ -32,7 +32,7 @@ import sys
 import threading
 
 from ..channel import EventReader
-from . import rank_debugger, rank_streams
+from . import output_positions, rank_debugger
 
 STDIN_RANK = 0  # the rank whose prompts the notebook answers
 
@@ -57,7 +57,7 @@ class _Asker:
             request = {"id": rid, "prompt": prompt, "password": password}
             if text:
                 request["text"] = text
-            rank_streams.send_marked(self.events, "input_request", request)  # after everything printed so far
+            output_positions.send_marked(self.events, "input_request", request)  # after everything printed so far
             reply = self._wait(rid)
         if "error" in reply:
             raise _rebuild(reply["error"])

@@ -17,7 +17,8 @@ from . import sharded_results
 
 # Under fork, classes and functions the notebook defined before the launch exist in the
 # kernel too: results refer to them by name, so a returned ``Net`` instance is an instance
-# of the notebook's own ``Net`` class, not of a copy.
+# of the notebook's own ``Net`` class, not of a copy. Global on purpose: one table per rank process,
+# filled once as it starts, read by every pickling of a result.
 _KERNEL_MAIN_OBJECTS: dict[str, int] = {}
 
 

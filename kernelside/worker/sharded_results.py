@@ -37,6 +37,7 @@ import pickle
 import sys
 import types
 
+from .cell_values import CellValues
 from .sharded_rebuild import HOOK_DICTS, Rebuilder, hook_origin, rebuild_fsdp1
 
 _calls = itertools.count()  # every rank calls once per run, so the n-th call agrees on the same store keys
@@ -349,11 +350,10 @@ def _fsdp1_state_dict(top, rank0_only: bool) -> dict:
 
 
 def _roots(value) -> tuple[list[int], list[tuple[object, str]]]:
-    """(containers, named roots): a %%distributed cell's result dict is named as the user knows it, by the
+    """(containers, named roots): a %%distributed cell's values are named as the user knows it, by the
     cell's result and the --return names."""
-    if isinstance(value, dict) and set(value) == {"last", "returned", "missing", "available"}:
-        named = [(value["last"], "the cell's result")] + [(v, k) for k, v in value["returned"].items()]
-        return [id(value), id(value["returned"])], named
+    if isinstance(value, CellValues):
+        return value.roots()
     return [id(value)], [(value, "result")]
 
 

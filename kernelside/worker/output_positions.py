@@ -14,6 +14,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import os
@@ -88,15 +89,11 @@ def _flush() -> None:
         libc.fflush(None)  # printf from C extensions
 
 
-_LIBC: list = []  # (a cache: loading libc once)
-
-
+@functools.cache  # loaded once per process: the C library does not change
 def _libc():
-    if not _LIBC:
-        import ctypes
+    import ctypes
 
-        try:
-            _LIBC.append(ctypes.CDLL(None))
-        except OSError:
-            _LIBC.append(None)
-    return _LIBC[0]
+    try:
+        return ctypes.CDLL(None)
+    except OSError:
+        return None

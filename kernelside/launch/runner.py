@@ -15,11 +15,10 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import sys
 import threading
 import time
-
-import cloudpickle
 
 from ..config import resolve_config
 from ..display.deferred_display import deferred_run_display
@@ -28,6 +27,7 @@ from ..display.progress_view import make_run_display, render_mode
 from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError
+from ..notebook.namespace import Payload
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
@@ -39,48 +39,35 @@ from .run_dir import run_log_dir
 from .run_tracker import track_run
 
 POLL_S = 0.1  # the longest an engine's poll() waits before the deadline and grace are checked again
-_launch_lock = threading.Lock()
-_state = {"last_report": None}
+
+
+@dataclasses.dataclass
+class _KernelLaunches:
+    """This process's launches: one runs at a time, and the last one's report is kept."""
+
+    lock: threading.Lock = dataclasses.field(default_factory=threading.Lock)
+    last_report: LaunchReport | None = None
+
+
+# Global on purpose: the kernel is one process whose launches must not overlap (one rendezvous, one
+# cell display), and %distributed_last / kernelside.last_report() ask for the last report from anywhere.
+KERNEL_LAUNCHES = _KernelLaunches()
 
 
 def last_report() -> LaunchReport | None:
     """The report of the most recent launch in this process (success or failure)."""
-    return _state["last_report"]
+    return KERNEL_LAUNCHES.last_report
 
 
 @contextlib.contextmanager
 def keeping_last_report():
     """Runs inside the block do not replace ``last_report()`` (a live session's start-up run, say)."""
-    kept = _state["last_report"]
+    kept = KERNEL_LAUNCHES.last_report
     try:
         yield
     finally:
         if kept is not None:
-            _state["last_report"] = kept
-
-
-def _check_picklable(req: LaunchRequest) -> bytes:
-    """Pickle the function and arguments once for spawn; an unpicklable one is named before anything starts."""
-    try:
-        return cloudpickle.dumps((req.fn, req.args, req.kwargs), protocol=5)
-    except Exception as e:
-        parts = [("the function", req.fn)]
-        names = req.describe_args or tuple(f"args[{i}]" for i in range(len(req.args)))
-        parts += list(zip(names, req.args, strict=True)) + [(f"kwargs[{k!r}]", v) for k, v in req.kwargs.items()]
-        for name, obj in parts:
-            try:
-                cloudpickle.dumps(obj)
-            except Exception as inner:
-                raise LaunchConfigError(
-                    name,
-                    obj,
-                    None,
-                    message=f"{name} ({type(obj).__name__}) cannot be sent to spawned workers: "
-                    f"{type(inner).__name__}: {inner}. Use start_method='fork' (possible while CUDA is not "
-                    "initialized in the kernel), or create that object inside the launched function. "
-                    "Nothing was started.",
-                ) from None
-        raise LaunchConfigError(None, None, None, message=f"cannot pickle the launch for spawn: {e}") from None
+            KERNEL_LAUNCHES.last_report = kept
 
 
 def plan_for(cfg):
@@ -111,12 +98,17 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         err.write(f"nblaunch: {w}\n")
     plan = plan_for(cfg)
     cls = engine_class(plan.engine)
-    if req.bind is not None:
-        req.fn = req.bind(plan)
+    if req.return_rank is not None and req.return_rank >= plan.num_processes:
+        raise LaunchConfigError(
+            "--return-from", req.return_rank, f"a rank below the number of processes ({plan.num_processes}) or 'all'"
+        )
+    # the payload's transport: forked ranks inherit the notebook, the others get the names it reads, pickled
+    payload = Payload(req.fn, req.args, req.kwargs, req.namespace, req.describe_args)
+    blob = payload.pickled() if plan.start_method in ("spawn", "forkserver") else None
+    req = dataclasses.replace(req, fn=payload.callable_for(plan.start_method), namespace=None)
     for notice in plan.notices:
         out.write(notice + "\n")
-    blob = _check_picklable(req) if plan.start_method in ("spawn", "forkserver") else None
-    if not _launch_lock.acquire(blocking=False):
+    if not KERNEL_LAUNCHES.lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
             "launches run one at a time. Wait for it to finish, then launch again."
@@ -127,7 +119,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
             blob = None
             return run_engine(engine, req, plan, log_dir, out, err, tracker)
     finally:
-        _launch_lock.release()
+        KERNEL_LAUNCHES.lock.release()
 
 
 def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker=None) -> LaunchOutcome:
@@ -136,7 +128,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     (``plan.timeout``), how long ranks get to stop, and what Ctrl-C does.
 
     ``launch()`` runs each launch through it; a live session runs each cell through it
-    (``live.cell_engine``), so both share every output, failure and interrupt rule.
+    (``live.request_engine``), so both share every output, failure and interrupt rule.
     """
     t_call = time.monotonic()
     port = engine.prepare()
@@ -150,7 +142,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         engine=plan.engine,
         return_all=req.return_all,
     )
-    _state["last_report"] = report
+    KERNEL_LAUNCHES.last_report = report
     router = None
     # a live cell draws its display only once there is something to show (display/deferred_display.py)
     make = deferred_run_display if engine.defer_display else make_run_display

@@ -11,7 +11,7 @@ import ctypes
 import os
 import sys
 
-from . import rank_display, rank_identity, rank_streams
+from . import output_positions, rank_display, rank_identity
 
 
 def libc():
@@ -29,7 +29,7 @@ def fresh_std_streams() -> None:
     this worker's pipes instead of the kernel's ZMQ sockets.
     """
     kernel_streams = (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__)
-    out, err = rank_streams.std_streams()
+    out, err = output_positions.std_streams()
     for stream, new in zip(kernel_streams, (out, err, out, err), strict=True):
         if stream is None:
             continue

@@ -1,7 +1,7 @@
 """One run of the kernel loop over a live session's ranks: a cell, a function call, a push, or the start.
 
 ``LiveRunEngine`` is an ``engines.contract.Engine`` and goes through the same
-``launch.engine.run_engine`` as a one-shot launch (same report, output routing, widgets and
+``launch.runner.run_engine`` as a one-shot launch (same report, output routing, widgets and
 RunRecorder). What differs: the ranks are already running, the run ends when every rank taking
 part is back to ``idle`` for this request (not when processes exit), and stopping a rank means
 SIGINT (``KeyboardInterrupt`` in its Python code), not SIGTERM. A rank that is not back to idle
@@ -35,7 +35,7 @@ class LiveRunEngine(Engine):
     """The engine contract over a live session's ranks, for one request."""
 
     stop_grace_s = SETTLE_S  # (run_engine's deadline is the plan's timeout, the session's or the cell's)
-    defer_display = True  # a quick cell opens no widget (launch.engine.run_engine)
+    defer_display = True  # a quick cell opens no widget (launch.runner.run_engine)
 
     def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
         """(``timeout`` is the plan's, which ``run_engine`` applies: accepted here for the session's calls.)"""

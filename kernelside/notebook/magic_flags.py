@@ -1,0 +1,144 @@
+"""The flags of ``%%distributed`` and ``%distributed_start``, declared once.
+
+Each flag is one row of a table (in the spirit of ipyparallel's shared argument groups): its
+spelling, the schema key it sets, its help. ``launch_flags`` and ``cell_flags`` turn the rows into
+IPython ``magic_arguments`` (so ``%%distributed?`` prints them all); ``settings()`` reads parsed
+flags back under their schema names; ``SESSION_FLAGS`` (the settings a live session fixes) is
+derived from the same rows.
+
+Example::
+
+    >>> @magic_arguments()
+    ... @launch_flags
+    ... def distributed_start(self, line): ...          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from IPython.core.magic_arguments import argument, argument_group
+
+from ..config.launch_rules import arguments as config_arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    names: tuple[str, ...]
+    help: str
+    key: str | None = None  # the schema key it sets (None: not a launch setting)
+    session: bool = False  # fixed for a whole live session: a cell that gives another value is refused
+    type: type = str
+    default: object = None
+    dest: str | None = None
+    metavar: str | None = None
+
+    @property
+    def attr(self) -> str:
+        """The attribute argparse stores the value under."""
+        return self.dest or self.names[-1].lstrip("-").replace("-", "_")
+
+    def decorator(self):
+        extra = {k: v for k, v in (("dest", self.dest), ("metavar", self.metavar)) if v is not None}
+        help_text = self.help.replace("%", "%%")  # argparse expands % in help
+        return argument(*self.names, type=self.type, default=self.default, help=help_text, **extra)
+
+
+# shared by %%distributed and %distributed_start
+LAUNCH_FLAGS = (
+    Flag(
+        ("-n", "--num-processes"),
+        "Number of workers (default: from nblaunch.yaml, else one per GPU, or 2 without GPUs).",
+        key="num_processes",
+        session=True,
+        type=int,
+    ),
+    Flag(
+        ("--backend",), "auto | nccl | gloo (auto: nccl when each rank has its own GPU).", key="backend", session=True
+    ),
+    Flag(
+        ("--start-method",),
+        "auto | fork | forkserver | spawn (auto: fork unless CUDA is initialized here, else forkserver).",
+        key="start_method",
+        session=True,
+    ),
+    Flag(
+        ("--mixed-precision",),
+        "no | fp16 | bf16 | fp8 (read by Accelerate in the workers).",
+        key="mixed_precision",
+        session=True,
+    ),
+    Flag(("--gpu-ids",), "GPUs to use: all, or indices such as 0,1.", key="gpu_ids", session=True),
+    Flag(("--output",), "Whose output shows in the cell: rank0 | all | none.", key="output"),
+    Flag(("--progress",), "Whose progress bars show: rank0 | all.", key="progress"),
+    Flag(
+        ("--timeout",),
+        "Stop every rank after this many seconds (%distributed_start: the default for each cell).",
+        key="timeout",
+        type=float,
+    ),
+    Flag(("--config",), "nblaunch.yaml to use instead of the one found.", metavar="PATH"),
+    Flag(
+        ("--port",),
+        "Rendezvous port (a free one is used if it is taken).",
+        key="main_process_port",
+        session=True,
+        type=int,
+    ),
+)
+
+# %%distributed only
+CELL_FLAGS = (
+    Flag(
+        ("--metrics",),
+        "on | off: whether Accelerate, Trainer, Lightning and TensorBoard logs draw the live chart.",
+        key="metrics",
+    ),
+    Flag(
+        ("--return",),
+        "Comma-separated names to bring back into the notebook after the run, e.g. model,losses.",
+        dest="return_names",
+        metavar="NAMES",
+    ),
+    Flag(
+        ("--return-from",),
+        "Which rank's values --return brings back (default 0); all: each name becomes a list by rank.",
+        default="0",
+        metavar="RANK|all",
+    ),
+    Flag(("--engine",), "local | ray (Ray Train on the cluster at ray_address).", key="engine", session=True),
+    Flag(
+        ("--ranks",),
+        "Live session only: run the cell on these ranks, e.g. 0 or 0,2 (default all).",
+        metavar="RANKS|all",
+    ),
+)
+
+# schema key -> the flag that sets it, for the settings a live session fixes
+SESSION_FLAGS = {f.key: f.names[0] for f in LAUNCH_FLAGS + CELL_FLAGS if f.session}
+
+
+def _flags(title: str, flags):
+    def decorate(fn):
+        for flag in reversed(flags):  # magic_arguments lists the last decorator applied first
+            fn = flag.decorator()(fn)
+        return argument_group(title)(fn)
+
+    return decorate
+
+
+launch_flags = _flags("launch settings (%%distributed and %distributed_start)", LAUNCH_FLAGS)
+cell_flags = _flags("per cell (%%distributed)", CELL_FLAGS)
+
+
+def settings(args) -> dict:
+    """The launch settings the parsed flags gave explicitly, under their schema names.
+
+    Example::
+
+        >>> settings(parse_argstring(DistributedMagics.distributed, "-n 2 --port 29512"))   # doctest: +SKIP
+        {'num_processes': 2, 'main_process_port': 29512}
+    """
+    # under the flag's own name (port, not main_process_port): an invalid value's error names the flag as written
+    given = {f.attr: getattr(args, f.attr) for f in LAUNCH_FLAGS + CELL_FLAGS if f.key and hasattr(args, f.attr)}
+    return config_arguments("flag", **given)
