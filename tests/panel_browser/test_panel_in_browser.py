@@ -42,6 +42,7 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         assert saved == {"num_processes": 3, "mixed_precision": "bf16"}
         snapshot(panel, "panel.png")
 
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click()  # the notebook the cell goes into is current
         panel.get_by_role("button", name="Insert %%distributed cell").click()
         cells = page.locator(".jp-NotebookPanel .jp-Cell .jp-InputArea-editor")
         expect(cells).to_have_count(3)
