@@ -40,6 +40,7 @@ from kernelside.run_contract import (
 )
 
 from .errors import PanelRequestError
+from .rank_history import RankHistory
 from .rank_resources import RankSampler
 from .run_files import RunDir, RunFileError
 
@@ -55,6 +56,7 @@ class RunFolders:
     def __init__(self, root_dir: str | os.PathLike):
         self.root = Path(root_dir).expanduser().resolve()
         self.sampler = RankSampler()
+        self.history = RankHistory()
 
     # -- where runs are -------------------------------------------------------------------
 
@@ -103,7 +105,10 @@ class RunFolders:
         return runs
 
     def run(self, run_id) -> dict:
-        """One run with its ranks; live ranks proven to be this run's carry cpu_percent, rss_bytes (and GPU use)."""
+        """One run with its ranks; live ranks proven to be this run's carry cpu_percent, rss_bytes (and GPU use).
+
+        ``history`` holds those figures over the run so far, as far as they were asked for (``RankHistory``).
+        """
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
             summary = self._summary(d, state, d.in_use())
@@ -117,8 +122,11 @@ class RunFolders:
                     proven[r["pid"]] = r
             for pid, usage in self.sampler.gpu(set(proven)).items():
                 proven[pid].update(usage)
+            self.history.add(run_id, time.time(), ranks)
         self.sampler.forget_ended()
-        summary.update(ranks=ranks, log_dir=d.path, report=(state or {}).get("report"))
+        summary.update(
+            ranks=ranks, log_dir=d.path, report=(state or {}).get("report"), history=self.history.series(run_id)
+        )
         return summary
 
     def log(self, run_id, rank, *, tail=None, offset=None) -> dict:
@@ -229,6 +237,8 @@ def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
         "elapsed_s": elapsed if isinstance(elapsed, (int, float)) else None,
         "notebook": None,  # set by RunFolders._summary: notebook_path, relative to the root when inside it
         "notebook_path": s.get("notebook") if isinstance(s.get("notebook"), str) else None,
+        "cell": s.get("cell") if isinstance(s.get("cell"), int) and not isinstance(s.get("cell"), bool) else None,
+        "flags": s.get("flags") if isinstance(s.get("flags"), str) else None,
         "kernel_id": s.get("kernel_id"),
         "kernel_pid": s.get("kernel_pid"),
         "engine": s.get("engine"),

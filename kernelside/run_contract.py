@@ -17,7 +17,8 @@ the Jupyter server never loads torch by reading a run.
     rank<N>.stacks rank N's stacks, dumped on request (rank_stacks_name(N); the kernel reads them)
 
 **State file** (``FORMAT_VERSION`` 1), a JSON object: ``version``, ``id``, ``engine``, ``control``
-(the run takes Stop), ``notebook``, ``kernel_id``, ``kernel_pid``, ``kernel_pid_start``, ``started``
+(the run takes Stop), ``notebook``, ``cell`` (the execution count of the cell that started it),
+``flags`` (that cell's ``%%distributed`` flags), ``kernel_id``, ``kernel_pid``, ``kernel_pid_start``, ``started``
 (wall time), ``updated``, ``updated_monotonic``, ``elapsed_s``, ``state`` (a ``RunState``),
 ``world_size``, ``backend``, ``start_method``, ``root_cause``, ``ranks`` (a list of ``{rank, pid,
 pid_start, state (a RankState), exit, log, gpu}``) and, once ended, ``ended`` and ``report``

@@ -223,3 +223,9 @@ def test_a_state_file_that_cannot_be_written_never_fails_the_run(tmp_path):
         p.unlink()
     run_dir.rmdir()  # the folder went away under the run (a cleaner, a full disk...)
     assert writer.update(None, final=True) is False and isinstance(writer.failed, OSError)
+
+
+def test_a_launch_outside_a_notebook_cell_names_no_cell_and_no_flags():
+    # In a kernel the cell's execution count and %%distributed flags are written (the browser test
+    # of the Runs dashboard reads them back: cell 2, "-n 2"); a script has neither.
+    assert run_state.running_cell() == {"cell": None, "flags": None}

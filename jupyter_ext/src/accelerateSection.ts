@@ -7,7 +7,8 @@ import { button, h } from './dom';
 
 export interface IAccelerateActions {
   importFrom(path: string): Promise<void>;
-  exportTo(path: string): Promise<void>;
+  /** Returns what to say beside Export: the file written and its command, or why not. */
+  exportTo(path: string): Promise<string>;
 }
 
 export const DEFAULT_EXPORT_PATH = 'accelerate_config.yaml';
@@ -35,9 +36,12 @@ export function createAccelerateSection(actions: IAccelerateActions): HTMLElemen
       }
     });
   const runImport = () => void actions.importFrom(importPath.value.trim());
-  const runExport = () => void actions.exportTo(exportPath.value.trim());
+  const exported = h('div', { class: 'nblaunch-export-status', role: 'status' });
+  const runExport = async () => {
+    exported.textContent = await actions.exportTo(exportPath.value.trim());
+  };
   onEnter(importPath, runImport);
-  onEnter(exportPath, runExport);
+  onEnter(exportPath, () => void runExport());
   return h(
     'details',
     { class: 'nblaunch-section nblaunch-collapsible nblaunch-accelerate' },
@@ -57,12 +61,18 @@ export function createAccelerateSection(actions: IAccelerateActions): HTMLElemen
       'div',
       { class: 'nblaunch-field' },
       h('label', { for: 'nblaunch-export-path', class: 'nblaunch-label' }, 'Export to'),
-      h('div', { class: 'nblaunch-inline' }, exportPath, button('Export', runExport)),
+      h(
+        'div',
+        { class: 'nblaunch-inline' },
+        exportPath,
+        button('Export', () => void runExport())
+      ),
       h(
         'div',
         { class: 'nblaunch-help' },
         'Writes a file for accelerate launch --config_file, from the values in the form.'
-      )
+      ),
+      exported
     )
   );
 }

@@ -5,6 +5,8 @@ import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 
 import { EXPORT_CELL_SOURCE } from './cellTemplate';
+import { addOpenDashboardCommand } from './dashboardCommands';
+import { logTabTitle } from './dashboardModel';
 import { launchIcon } from './icon';
 import { insertDistributedCell } from './insertCell';
 import { addOpenLogCommand, listenToLogLinks } from './logCommands';
@@ -14,13 +16,14 @@ export const CommandIDs = {
   insertCell: 'nblaunch:insert-distributed-cell',
   insertExport: 'nblaunch:insert-export-cell',
   openPanel: 'nblaunch:open-panel',
-  openLog: 'nblaunch:open-log'
+  openLog: 'nblaunch:open-log',
+  openDashboard: 'nblaunch:open-run-dashboard'
 };
 
 const plugin: JupyterFrontEndPlugin<void> = {
   id: 'nblaunch:panel',
   description:
-    'A side panel that edits the launch config of %%distributed and notebook_launcher(), and shows, stops and opens the logs of every run.',
+    'A side panel that edits the launch config of %%distributed and notebook_launcher() and lists every run; a dashboard tab per run with its ranks over time, logs, stacks and Stop.',
   autoStart: true,
   requires: [INotebookTracker],
   optional: [ICommandPalette, ILayoutRestorer],
@@ -34,7 +37,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
       launchIcon,
       () => app.commands.execute(CommandIDs.insertCell),
       () => app.commands.execute(CommandIDs.insertExport),
-      (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank })
+      run => void app.commands.execute(CommandIDs.openDashboard, { run })
     );
     app.shell.add(panel, 'left', { rank: 600 });
     restorer?.add(panel, PANEL_ID);
@@ -63,7 +66,21 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label: 'Open Distributed launch panel',
       execute: () => app.shell.activateById(PANEL_ID)
     });
-    addOpenLogCommand(app, CommandIDs.openLog);
+    addOpenLogCommand(app, CommandIDs.openLog, (run, rank) => {
+      const summary = panel.runs.run(run);
+      return summary ? logTabTitle(summary, rank) : `${run} · rank ${rank}`;
+    });
+    addOpenDashboardCommand(
+      app,
+      CommandIDs.openDashboard,
+      panel.runs,
+      launchIcon,
+      {
+        openLog: (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }),
+        watchChanged: () => panel.watchRuns()
+      },
+      restorer
+    );
     listenToLogLinks((run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }));
     // A cell that runs may start a launch: watch the run folders until it is done.
     NotebookActions.executionScheduled.connect((_, { cell }) => {

@@ -1,20 +1,25 @@
 /**
- * Opening a rank's log: the "nblaunch:open-log" command (args: run, rank), used by the Runs
- * section's Logs buttons, and the log links of a cell's status line (kernelside/run_links.py).
+ * Opening a rank's log: the "nblaunch:open-log" command (args: run, rank), used by the run
+ * dashboard's Log buttons, and the log links of a cell's status line (kernelside/run_links.py).
  *
  * Example: app.commands.execute('nblaunch:open-log', { run: 'run-20250101-120000-ab12cd34', rank: 0 })
  */
 
 import { JupyterFrontEnd } from '@jupyterlab/application';
 
+import { listenToLinks } from './linkClicks';
 import { createLogWidget, logWidgetId } from './logView';
 
 /** What the log links of a cell's status line carry. */
 const LOG_LINK = 'a.nblaunch-log-link[data-nblaunch-run][data-nblaunch-rank]';
-const RUN_ID = /^run-\d{8}-\d{6}-[A-Za-z0-9_]+$/;
+export const RUN_ID = /^run-\d{8}-\d{6}-[A-Za-z0-9_]+$/;
 
 /** Register the command; a log already open is shown again rather than opened twice. */
-export function addOpenLogCommand(app: JupyterFrontEnd, id: string): void {
+export function addOpenLogCommand(
+  app: JupyterFrontEnd,
+  id: string,
+  titleOf: (run: string, rank: number) => string
+): void {
   app.commands.addCommand(id, {
     label: args => (args.run ? `Open the log of rank ${args.rank ?? 0}` : 'Open a rank log'),
     execute: args => {
@@ -26,44 +31,16 @@ export function addOpenLogCommand(app: JupyterFrontEnd, id: string): void {
       const widgetId = logWidgetId(run, rank);
       const open = Array.from(app.shell.widgets('main')).find(w => w.id === widgetId);
       if (!open) {
-        app.shell.add(createLogWidget(run, rank), 'main');
+        app.shell.add(createLogWidget(run, rank, titleOf(run, rank)), 'main');
       }
       app.shell.activateById(widgetId);
     }
   });
 }
 
-/**
- * Open the log a status-line link names. The line is redrawn every second, so a link is
- * opened on pointerup (whose target is the link under the pointer, even if the one pressed
- * was replaced meanwhile); keyboard activation arrives as a click without a pointer.
- */
+/** Open the log a status-line link names (see linkClicks.ts). */
 export function listenToLogLinks(open: (run: string, rank: number) => void): void {
-  const linkOf = (event: Event) =>
-    (event.target as Element | null)?.closest?.(LOG_LINK) as HTMLElement | null;
-  const openLink = (link: HTMLElement) =>
-    open(link.dataset.nblaunchRun ?? '', Number(link.dataset.nblaunchRank));
-  document.addEventListener(
-    'pointerup',
-    event => {
-      const link = linkOf(event);
-      if (link && event.button === 0) {
-        openLink(link);
-      }
-    },
-    true
-  );
-  document.addEventListener(
-    'click',
-    event => {
-      const link = linkOf(event);
-      if (link) {
-        event.preventDefault();
-        if (event.detail === 0) {
-          openLink(link);
-        }
-      }
-    },
-    true
+  listenToLinks(LOG_LINK, link =>
+    open(link.dataset.nblaunchRun ?? '', Number(link.dataset.nblaunchRank))
   );
 }

@@ -1,7 +1,8 @@
 /**
- * The "Distributed launch" side panel: the Runs section (live launches, their ranks, Stop,
- * logs), then the config: loads it and the hardware from the server, shows the form, and
- * saves, reverts, imports and exports on the user's request.
+ * The "Distributed launch" side panel: the compact Runs list (each opens its dashboard tab),
+ * then the config: loads it and the hardware from the server, shows the form, and saves,
+ * reverts, imports and exports on the user's request. Save, Revert and their messages sit in a
+ * bar under the form that stays in view; a message goes once what it asks for is done.
  */
 
 import { Dialog, showDialog } from '@jupyterlab/apputils';
@@ -15,7 +16,7 @@ import { HardwareSection } from './hardwareSection';
 import { ConfigModel } from './model';
 import { requestAPI, serverRunsBackend } from './request';
 import { RunsModel, RunsPoller } from './runsModel';
-import { OpenLog, RunsSection } from './runsView';
+import { OpenDashboard, RunsSection } from './runsView';
 import { PanelServerError } from './serverErrors';
 import { IConfigResponse, IExportResponse, IHardware, IImportResponse } from './types';
 
@@ -24,15 +25,22 @@ type Message = Parameters<Widget['processMessage']>[0];
 /** The panel's DOM id, stable for tests and for `app.shell.activateById`. */
 export const PANEL_ID = 'nblaunch-panel';
 
+const FIX_FIRST = 'Fix the fields marked in red first.';
+
 export class LaunchPanel extends Widget {
   readonly model = new ConfigModel();
   readonly runs = new RunsModel(serverRunsBackend);
-  /** Refreshes the Runs section while a run is live (or a cell was just started) and the panel is shown. */
+  /** Refreshes the runs while one is live (or a cell was just started) and the panel or a dashboard is shown. */
   readonly poller = new RunsPoller(this.runs);
 
-  constructor(icon: LabIcon, insertCell: () => void, insertExport: () => void, openLog: OpenLog) {
+  constructor(
+    icon: LabIcon,
+    insertCell: () => void,
+    insertExport: () => void,
+    openDashboard: OpenDashboard
+  ) {
     super();
-    this._runsSection = new RunsSection(this.runs, openLog, () => void this.poller.start());
+    this._runsSection = new RunsSection(this.runs, openDashboard, () => void this.poller.start());
     this.id = PANEL_ID;
     this.addClass('nblaunch-panel');
     this.title.icon = icon;
@@ -48,19 +56,28 @@ export class LaunchPanel extends Widget {
     });
     this.node.append(
       h('h2', { class: 'nblaunch-title' }, 'Distributed launch'),
-      this._pathLine,
-      h(
-        'div',
-        { class: 'nblaunch-actions' },
-        this._saveButton,
-        this._revertButton,
-        this._dirtyNote
-      ),
       h('div', { class: 'nblaunch-actions' }, this._insertButton, this._exportButton),
       this._runsSection.node,
-      this._status,
-      this._banner,
-      this._body
+      h(
+        'section',
+        { class: 'nblaunch-section nblaunch-config', 'aria-labelledby': 'nblaunch-config-title' },
+        h('h3', { id: 'nblaunch-config-title', class: 'nblaunch-section-title' }, 'Launch config'),
+        this._pathLine,
+        this._banner,
+        this._body,
+        h(
+          'div',
+          { class: 'nblaunch-save-bar' },
+          h(
+            'div',
+            { class: 'nblaunch-actions' },
+            this._saveButton,
+            this._revertButton,
+            this._dirtyNote
+          ),
+          this._status
+        )
+      )
     );
     this.node.addEventListener('keydown', event => {
       if ((event.ctrlKey || event.metaKey) && event.key === 's') {
@@ -72,10 +89,12 @@ export class LaunchPanel extends Widget {
     this.model.onChange(() => this._refresh());
   }
 
-  /** Watch runs while the panel is shown; a hidden panel does not poll. */
+  /** Watch runs while the panel or a run's dashboard is shown; otherwise nothing polls. */
   watchRuns(): void {
-    if (this.isVisible) {
+    if (this.isVisible || this.runs.watched.size > 0) {
       void this.poller.start();
+    } else {
+      this.poller.stop();
     }
   }
 
@@ -86,7 +105,9 @@ export class LaunchPanel extends Widget {
 
   protected onAfterHide(msg: Message): void {
     super.onAfterHide(msg);
-    this.poller.stop();
+    if (this.runs.watched.size === 0) {
+      this.poller.stop(); // an open dashboard keeps the runs polled
+    }
   }
 
   /** Fetch config and hardware; the form shows as soon as the config arrives. */
@@ -95,7 +116,7 @@ export class LaunchPanel extends Widget {
     try {
       this.model.load(await requestAPI<IConfigResponse>('config'));
       this._drawForm();
-      this._say(this.model.info?.saved ? 'Saved.' : '');
+      this._say(this.model.info?.saved ? 'Saved.' : '', () => this.model.isDirty());
     } catch (error) {
       this._fail(error);
     }
@@ -104,7 +125,7 @@ export class LaunchPanel extends Widget {
 
   async save(overwrite = false): Promise<void> {
     if (!this.model.loaded || this.model.hasErrors) {
-      this._say('Fix the fields marked in red first.');
+      this._say(FIX_FIRST, () => !this.model.hasErrors);
       return;
     }
     this._say('Saving…');
@@ -115,14 +136,14 @@ export class LaunchPanel extends Widget {
       });
       this.model.load(response);
       this._drawForm();
-      this._say(`Saved to ${response.display_path}.`);
+      this._say(`Saved to ${response.display_path}.`, () => this.model.isDirty());
     } catch (error) {
       if (error instanceof PanelServerError && error.status === 409 && !overwrite) {
         this._showFileError(error.message);
         this._say('Not saved: the file on disk could not be read.');
       } else if (error instanceof PanelServerError && Object.keys(error.fields).length) {
         this.model.setServerErrors(error.fields);
-        this._say(`Not saved: ${error.message}`);
+        this._say(`Not saved: ${error.message}`, () => !this.model.hasErrors);
       } else {
         this._fail(error);
       }
@@ -132,7 +153,7 @@ export class LaunchPanel extends Widget {
   revert(): void {
     this.model.revert();
     this._drawForm();
-    this._say('Reverted to the saved file.');
+    this._say('Reverted to the saved file.', () => this.model.isDirty());
   }
 
   async importFrom(path: string): Promise<void> {
@@ -145,25 +166,28 @@ export class LaunchPanel extends Widget {
       this._drawForm();
       const count = Object.keys(response.values).length;
       const notes = response.warnings.length ? ` (${response.warnings.join('; ')})` : '';
-      this._say(`Imported ${count} settings from ${response.source}; Save to keep them.${notes}`);
+      this._say(
+        `Imported ${count} settings from ${response.source}; Save to keep them.${notes}`,
+        () => !this.model.isDirty()
+      );
     } catch (error) {
       this._reportError(error);
     }
   }
 
-  async exportTo(path: string): Promise<void> {
+  /** Write an Accelerate config file; returns the message the Accelerate section shows beside Export. */
+  async exportTo(path: string): Promise<string> {
     if (this.model.hasErrors) {
-      this._say('Fix the fields marked in red first.');
-      return;
+      return FIX_FIRST;
     }
     try {
       const response = await requestAPI<IExportResponse>('accelerate/export', {
         method: 'POST',
         body: { path, values: this.model.payload() }
       });
-      this._say(`Wrote ${response.display_path}. Use it with: ${response.command}`);
+      return `Wrote ${response.display_path}. Use it with: ${response.command}`;
     } catch (error) {
-      this._reportError(error);
+      return error instanceof Error ? error.message : String(error);
     }
   }
 
@@ -184,7 +208,7 @@ export class LaunchPanel extends Widget {
     this._pathLine.replaceChildren(
       'Config file: ',
       h('code', { title: info.path }, info.display_path),
-      info.exists ? '' : ' (created on first save)'
+      info.exists ? '' : h('span', { class: 'nblaunch-nowrap' }, ' (created on first save)')
     );
     this._banner.replaceChildren();
     if (info.error) {
@@ -235,6 +259,9 @@ export class LaunchPanel extends Widget {
     this._revertButton.disabled = !dirty;
     this._dirtyNote.hidden = !dirty;
     this.title.className = dirty ? 'nblaunch-mod-dirty' : '';
+    if (this._resolved?.()) {
+      this._say('');
+    }
   }
 
   private _fail(error: unknown): void {
@@ -259,10 +286,13 @@ export class LaunchPanel extends Widget {
     this._say(error instanceof Error ? error.message : String(error));
   }
 
-  private _say(message: string): void {
+  /** Show message under Save/Revert until resolved() says what it asks for is done (checked on each change). */
+  private _say(message: string, resolved: (() => boolean) | null = null): void {
     this._status.textContent = message;
+    this._resolved = message ? resolved : null;
   }
 
+  private _resolved: (() => boolean) | null = null;
   private _pathLine = h('div', { class: 'nblaunch-path' }, 'Loading the launch config…');
   private _saveButton = button('Save', () => void this.save(), {
     class: 'jp-mod-accept nblaunch-save',

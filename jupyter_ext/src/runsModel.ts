@@ -1,11 +1,12 @@
 /**
- * The Runs view's state: the runs the server lists, the details of the expanded ones, what
+ * The Runs' state, shared by the sidebar's list and every run's dashboard tab: the runs the server
+ * lists, the details of the runs a dashboard shows (`watched`), what
  * Stop answered, and whether to keep polling. No DOM and no JupyterLab imports: the server
  * is reached through an IRunsBackend (request.ts in the panel), so it is unit-tested alone.
  *
  * Example:
  *   const model = new RunsModel(backend);
- *   await model.refresh();          // list, and the detail of every expanded run
+ *   await model.refresh();          // list, and the detail of every run a dashboard shows
  *   model.shouldPoll();             // true while a run is live (or a cell was just started)
  */
 
@@ -29,7 +30,7 @@ export class RunsModel {
   runs: IRunSummary[] = [];
   /** Why the last refresh failed, or null. */
   error: string | null = null;
-  readonly expanded = new Set<string>();
+  readonly watched = new Set<string>();
   readonly details = new Map<string, IRunDetail>();
   /** Per run: "Stopping…", or the server's reason for refusing Stop. */
   readonly notes = new Map<string, string>();
@@ -63,7 +64,7 @@ export class RunsModel {
   }
 
   /**
-   * Fetch the list, then the detail of each expanded run that is still listed. Refreshes run
+   * Fetch the list, then the detail of each watched run that is still listed. Refreshes run
    * one at a time (a poll and a Stop's refresh never interleave, so no older answer lands last);
    * asked for during one, one more follows it.
    */
@@ -96,28 +97,27 @@ export class RunsModel {
       }
     }
     const listed = new Set(this.runs.map(run => run.id));
-    for (const id of [...this.expanded]) {
+    for (const id of [...this.watched]) {
       if (!listed.has(id)) {
-        this.expanded.delete(id);
+        this.watched.delete(id);
         this.details.delete(id);
       }
     }
-    await Promise.all([...this.expanded].map(id => this._loadDetail(id)));
+    await Promise.all([...this.watched].map(id => this._loadDetail(id)));
     this._emit();
   }
 
-  /** Expand a run (fetching its ranks at once) or collapse it. */
-  async toggle(id: string): Promise<void> {
-    if (this.expanded.has(id)) {
-      this.expanded.delete(id);
-      this.details.delete(id);
-      this._emit();
-      return;
-    }
-    this.expanded.add(id);
-    this._emit();
+  /** A dashboard shows this run: its detail is loaded now and on every refresh until unwatch(). */
+  async watch(id: string): Promise<void> {
+    this.watched.add(id);
     await this._loadDetail(id);
     this._emit();
+  }
+
+  /** The run's dashboard closed: stop loading its detail. */
+  unwatch(id: string): void {
+    this.watched.delete(id);
+    this.details.delete(id);
   }
 
   /** Ask the server to stop a run; a refusal's reason is kept as the run's note. */

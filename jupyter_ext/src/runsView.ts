@@ -1,26 +1,20 @@
 /**
- * The "Runs" section of the panel: every launch of this user, newest first, with its state,
- * notebook, engine, elapsed time and root cause; expanded, its ranks (pid, state, CPU, memory,
- * GPU when there is one), a Logs button per rank, and Stacks (where every rank is now) and Stop
- * while it is live.
+ * The sidebar's "Runs" list: every launch of this user, newest first, compact enough for the
+ * sidebar's default width (about 250 px): its state, notebook, cell number and start time, what
+ * ran and for how long, and its root cause; long texts end in an ellipsis and show whole on hover.
+ * A click opens the run's dashboard tab (dashboardView.ts), where its ranks, logs, Stop and
+ * Stacks are.
  *
- * Rows are kept per run and per rank and only their text is updated on each poll, so a
- * button under the pointer is never replaced between press and release.
+ * Rows are kept per run and only their text is updated on each poll, so a row under the pointer
+ * is never replaced between press and release.
  */
 
+import { runName, startClock } from './dashboardModel';
 import { button, h } from './dom';
-import {
-  formatBytes,
-  formatElapsed,
-  hasGpuColumns,
-  rankStateText,
-  runMeta,
-  runOrigin,
-  RunsModel
-} from './runsModel';
-import { IRankInfo, IRunDetail, IRunSummary } from './types';
+import { formatElapsed, runMeta, runOrigin, RunsModel } from './runsModel';
+import { IRunSummary } from './types';
 
-export type OpenLog = (runId: string, rank: number) => void;
+export type OpenDashboard = (runId: string) => void;
 
 export class RunsSection {
   readonly node = h(
@@ -31,7 +25,7 @@ export class RunsSection {
 
   constructor(
     private readonly _model: RunsModel,
-    private readonly _openLog: OpenLog,
+    private readonly _open: OpenDashboard,
     refresh: () => void
   ) {
     this.node.append(
@@ -58,24 +52,17 @@ export class RunsSection {
     const live = model.runs.filter(r => r.live).length;
     const count = model.runs.length;
     this._summary.textContent = count
-      ? `${count} run${count === 1 ? '' : 's'}, ${live} live${live ? ' · updating every second' : ''}`
+      ? `${count} run${count === 1 ? '' : 's'}, ${live} live`
       : 'No runs yet: a %%distributed cell or notebook_launcher() call shows up here.';
-    const rows: HTMLElement[] = [];
-    for (const run of model.runs) {
+    const rows = model.runs.map(run => {
       let row = this._rows.get(run.id);
       if (!row) {
-        row = new RunRow(run.id, this._model, this._openLog);
+        row = new RunRow(run.id, this._open);
         this._rows.set(run.id, row);
       }
-      row.update(
-        run,
-        model.details.get(run.id),
-        model.expanded.has(run.id),
-        model.notes.get(run.id),
-        model.stacks.get(run.id)
-      );
-      rows.push(row.node);
-    }
+      row.update(run);
+      return row.node;
+    });
     for (const id of [...this._rows.keys()]) {
       if (!model.run(id)) {
         this._rows.delete(id);
@@ -91,187 +78,57 @@ export class RunsSection {
 
   private _summary = h('span', { class: 'nblaunch-help nblaunch-runs-summary' });
   private _error = h('p', { class: 'nblaunch-field-error', role: 'alert', hidden: true });
-  private _list = h('div', { class: 'nblaunch-run-list' });
+  private _list = h('ul', { class: 'nblaunch-run-list' });
   private _rows = new Map<string, RunRow>();
 }
 
+/** One run: a button (the whole row) that opens its dashboard. */
 class RunRow {
-  readonly node: HTMLElement;
+  readonly node: HTMLLIElement;
 
-  constructor(
-    private readonly _id: string,
-    private readonly _model: RunsModel,
-    private readonly _openLog: OpenLog
-  ) {
-    this._toggle = h('button', {
-      type: 'button',
-      class: 'nblaunch-run-toggle',
-      'aria-expanded': 'false',
-      title: 'Show the ranks of this run'
-    });
-    this._toggle.addEventListener('click', () => void this._model.toggle(this._id));
-    this._stop = button('Stop', () => void this._model.stop(this._id), {
-      class: 'jp-mod-warn nblaunch-run-stop',
-      title: 'Stop this run: every rank is stopped, and the cell that runs it raises an error'
-    });
-    this._stacksButton = button('Stacks', () => void this._model.showStacks(this._id), {
-      class: 'nblaunch-run-stacks',
-      title:
-        'Show where every rank is now (its Python stack and the collective it waits in); the run goes on'
-    });
-    const hide = button('Hide', () => this._model.hideStacks(this._id), {
-      class: 'nblaunch-stacks-hide'
-    });
-    this._stacks = h(
-      'div',
-      { class: 'nblaunch-run-stacks-box', hidden: true },
-      this._stacksText,
-      hide
+  constructor(id: string, open: OpenDashboard) {
+    this._button = h(
+      'button',
+      { type: 'button', class: 'nblaunch-run-open' },
+      h('span', { class: 'nblaunch-run-line' }, this._state, this._origin, this._elapsed),
+      h('span', { class: 'nblaunch-run-line' }, this._when),
+      h('span', { class: 'nblaunch-run-line' }, this._meta),
+      this._cause
     );
-    this.node = h(
-      'div',
-      { class: 'nblaunch-run', 'data-run-id': _id },
-      h('div', { class: 'nblaunch-run-head' }, this._toggle, this._stacksButton, this._stop),
-      this._cause,
-      this._note,
-      this._stacks,
-      this._detail
-    );
+    this._button.addEventListener('click', () => open(id));
+    this.node = h('li', { class: 'nblaunch-run', 'data-run-id': id }, this._button);
   }
 
-  update(
-    run: IRunSummary,
-    detail: IRunDetail | undefined,
-    expanded: boolean,
-    note?: string,
-    stacks?: string
-  ): void {
+  update(run: IRunSummary): void {
     this.node.dataset.state = run.state;
-    this._toggle.setAttribute('aria-expanded', String(expanded));
-    const what = runMeta(run);
-    setChildren(
-      this._toggle,
-      h('span', { class: 'nblaunch-run-arrow' }, expanded ? '▾' : '▸'),
-      h('span', { class: `nblaunch-run-state nblaunch-state-${run.state}` }, run.state),
-      h('span', { class: 'nblaunch-run-origin', title: run.id }, runOrigin(run)),
-      h('span', { class: 'nblaunch-run-meta' }, what),
-      h('span', { class: 'nblaunch-run-elapsed' }, formatElapsed(run.elapsed_s))
-    );
-    this._stop.hidden = !run.live;
-    this._stop.disabled = !run.can_stop;
-    if (run.live && !run.can_stop) {
-      this._stop.title = `The ${run.engine} engine takes no Stop from the panel: interrupt its kernel (■)`;
-    }
-    this._stacksButton.hidden = !run.live || !run.can_stop; // asked through the same channel as Stop
-    this._stacks.hidden = stacks === undefined || !run.live;
-    if (this._stacksText.textContent !== (stacks ?? '')) {
-      this._stacksText.textContent = stacks ?? '';
-    }
-    this._cause.textContent = run.root_cause ?? '';
+    const origin = runOrigin(run);
+    const when = `${run.cell ? `cell [${run.cell}] · ` : ''}started ${startClock(run)}`;
+    const meta = runMeta(run);
+    set(this._state, run.state);
+    this._state.className = `nblaunch-run-state nblaunch-state-${run.state}`;
+    set(this._origin, origin, run.notebook_path ?? origin);
+    set(this._elapsed, formatElapsed(run.elapsed_s));
+    set(this._when, when, `${run.id}, ${when}`);
+    set(this._meta, meta, meta);
+    set(this._cause, run.root_cause ?? '', run.root_cause ?? '');
     this._cause.hidden = !run.root_cause;
-    this._note.textContent = note ?? '';
-    this._note.hidden = !note;
-    this._detail.hidden = !expanded || !detail;
-    if (expanded && detail) {
-      this._drawDetail(detail);
-    }
+    this._button.title = `Open the dashboard of ${runName(run)} (${run.state})`;
   }
 
-  private _drawDetail(detail: IRunDetail): void {
-    const gpu = hasGpuColumns(detail.ranks);
-    const heads = [
-      'rank',
-      'pid',
-      'state',
-      'CPU',
-      'RSS',
-      ...(gpu ? ['GPU', 'GPU mem', 'GPU util'] : []),
-      ''
-    ];
-    const headKey = heads.join('|');
-    if (this._headKey !== headKey) {
-      this._headKey = headKey;
-      this._rankRows.clear();
-      this._body.replaceChildren();
-      this._table.replaceChildren(
-        h('thead', {}, h('tr', {}, ...heads.map(name => h('th', { scope: 'col' }, name)))),
-        this._body
-      );
-    }
-    const rows = detail.ranks.map(rank => {
-      const texts = rankCells(rank, gpu);
-      let row = this._rankRows.get(rank.rank);
-      if (!row) {
-        const logs = button('Logs', () => this._openLog(this._id, rank.rank), {
-          class: 'nblaunch-rank-logs',
-          title: `Open rank ${rank.rank}'s log in a tab`
-        });
-        const cells = texts.map(() => h('td'));
-        row = {
-          node: h('tr', { 'data-rank': String(rank.rank) }, ...cells, h('td', {}, logs)),
-          cells
-        };
-        this._rankRows.set(rank.rank, row);
-      }
-      texts.forEach((text, i) => {
-        if (row.cells[i].textContent !== text) {
-          row.cells[i].textContent = text;
-        }
-      });
-      return row.node;
-    });
-    if (
-      rows.length !== this._body.children.length ||
-      rows.some((r, i) => this._body.children[i] !== r)
-    ) {
-      this._body.replaceChildren(...rows);
-    }
-    const figures = detail.report
-      ? ` · start-up ${detail.report.startup_s?.toFixed(2) ?? '–'} s, wall ${detail.report.wall_s?.toFixed(2) ?? '–'} s`
-      : '';
-    this._logDir.replaceChildren('logs: ', h('code', {}, detail.log_dir), figures);
-    if (!this._detail.children.length) {
-      this._detail.append(this._table, this._logDir);
-    }
-  }
-
-  private _toggle: HTMLButtonElement;
-  private _stop: HTMLButtonElement;
-  private _stacksButton: HTMLButtonElement;
-  private _stacks: HTMLElement;
-  private _stacksText = h('pre', { class: 'nblaunch-stacks-text' });
-  private _cause = h('div', { class: 'nblaunch-run-cause', hidden: true });
-  private _note = h('div', { class: 'nblaunch-run-note', role: 'status', hidden: true });
-  private _detail = h('div', { class: 'nblaunch-run-detail', hidden: true });
-  private _table = h('table', { class: 'nblaunch-ranks' });
-  private _body = h('tbody');
-  private _logDir = h('div', { class: 'nblaunch-help nblaunch-run-logdir' });
-  private _headKey = '';
-  private _rankRows = new Map<
-    number,
-    { node: HTMLTableRowElement; cells: HTMLTableCellElement[] }
-  >();
+  private _button: HTMLButtonElement;
+  private _state = h('span', { class: 'nblaunch-run-state' });
+  private _origin = h('span', { class: 'nblaunch-run-origin nblaunch-ellipsis' });
+  private _elapsed = h('span', { class: 'nblaunch-run-elapsed' });
+  private _when = h('span', { class: 'nblaunch-run-when nblaunch-ellipsis' });
+  private _meta = h('span', { class: 'nblaunch-run-meta nblaunch-ellipsis' });
+  private _cause = h('span', { class: 'nblaunch-run-cause nblaunch-ellipsis', hidden: true });
 }
 
-function rankCells(rank: IRankInfo, gpu: boolean): string[] {
-  const cpu =
-    rank.cpu_percent === undefined || rank.cpu_percent === null ? '–' : `${rank.cpu_percent}%`;
-  const cells = [String(rank.rank), rank.pid ? String(rank.pid) : '–', rankStateText(rank), cpu];
-  cells.push(formatBytes(rank.rss_bytes));
-  if (gpu) {
-    cells.push(rank.gpu_index !== undefined ? String(rank.gpu_index) : (rank.gpu ?? '–'));
-    cells.push(formatBytes(rank.gpu_memory_bytes));
-    const util = rank.gpu_util_percent;
-    cells.push(util === undefined || util === null ? '–' : `${util}%`);
+function set(node: HTMLElement, text: string, title?: string): void {
+  if (node.textContent !== text) {
+    node.textContent = text; // the same text: the DOM is left alone (no flicker, no lost hover)
   }
-  return cells;
-}
-
-function setChildren(node: HTMLElement, ...children: HTMLElement[]): void {
-  // Same text as before: leave the DOM alone (no flicker, no lost hover).
-  const key = children.map(c => `${c.className}:${c.textContent}`).join('\u0000');
-  if (node.dataset.key !== key) {
-    node.dataset.key = key;
-    node.replaceChildren(...children);
+  if (title !== undefined && node.title !== title) {
+    node.title = title;
   }
 }

@@ -115,6 +115,9 @@ export interface IRunSummary {
   /** The notebook's path, relative to the server's root when it is inside it (notebook_path: as the kernel gave it). */
   notebook: string | null;
   notebook_path: string | null;
+  /** The execution count of the cell that started it, and that cell's %%distributed flags. */
+  cell?: number | null;
+  flags?: string | null;
   kernel_id: string | null;
   kernel_pid: number | null;
   engine: string | null;
@@ -149,6 +152,17 @@ export interface IRunDetail extends IRunSummary {
   ranks: IRankInfo[];
   log_dir: string;
   report: { startup_s: number | null; wall_s: number | null; exit: string[] } | null;
+  /** The ranks' figures over the run so far, as the server sampled them (jupyter_ext/rank_history.py). */
+  history?: IRankHistory;
+}
+
+/** One figure a rank is charted by. */
+export type RankFigure = 'cpu_percent' | 'rss_bytes' | 'gpu_memory_bytes' | 'gpu_util_percent';
+
+/** Samples oldest first: one time (wall seconds) per entry, one value (or null: none then) per figure. */
+export interface IRankHistory {
+  t: number[];
+  ranks: Record<string, Record<RankFigure, (number | null)[]>>;
 }
 
 /** GET /nblaunch/runs/{id}/ranks/{rank}/log */

@@ -87,7 +87,7 @@ class InMemoryServer implements IRunsBackend {
 }
 
 describe('RunsModel', () => {
-  it('lists runs as the server sends them and fetches the ranks of an expanded run', async () => {
+  it('lists runs as the server sends them and fetches the ranks of a run a dashboard shows', async () => {
     const server = new InMemoryServer();
     server.runs = [
       summary('run-20250101-000002-b'),
@@ -96,14 +96,18 @@ describe('RunsModel', () => {
     const model = new RunsModel(server);
     await model.refresh();
     expect(model.runs.map(r => r.id)).toEqual(['run-20250101-000002-b', 'run-20250101-000001-a']);
-    await model.toggle('run-20250101-000002-b');
+    await model.watch('run-20250101-000002-b');
     expect(model.details.get('run-20250101-000002-b')?.ranks.map(r => r.rss_bytes)).toEqual([
       2 ** 28,
       2 ** 28
     ]);
     server.calls = [];
     await model.refresh();
-    expect(server.calls).toEqual(['list', 'detail run-20250101-000002-b']); // only the expanded run
+    expect(server.calls).toEqual(['list', 'detail run-20250101-000002-b']); // only the watched run
+    model.unwatch('run-20250101-000002-b'); // its dashboard closed
+    server.calls = [];
+    await model.refresh();
+    expect(server.calls).toEqual(['list']);
   });
 
   it('polls while a run is live and not once nothing is running', async () => {
@@ -165,15 +169,15 @@ describe('RunsModel', () => {
     expect(model.notes.get('run-20250101-000001-a')).toBe('Stopping…');
   });
 
-  it('forgets an expanded run whose folder is gone and reports a failed list', async () => {
+  it('forgets a watched run whose folder is gone and reports a failed list', async () => {
     const server = new InMemoryServer();
     server.runs = [summary('run-20250101-000001-a')];
     const model = new RunsModel(server);
     await model.refresh();
-    await model.toggle('run-20250101-000001-a');
+    await model.watch('run-20250101-000001-a');
     server.runs = [];
     await model.refresh();
-    expect(model.expanded.size).toBe(0);
+    expect(model.watched.size).toBe(0);
     server.list = async () => {
       throw new Error('The nblaunch server extension is not enabled');
     };

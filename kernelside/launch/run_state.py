@@ -23,6 +23,7 @@ import os
 import sys
 import time
 
+from ..notebook.cell_label import running_cell_count
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
@@ -58,10 +59,32 @@ def kernel_identity() -> dict:
     pid = os.getpid()
     return {
         "notebook": os.environ.get("JPY_SESSION_NAME") or None,
+        **running_cell(),
         "kernel_id": kernel_id,
         "kernel_pid": pid,
         "kernel_pid_start": proc_start_time(pid),
     }
+
+
+def running_cell() -> dict:
+    """The notebook cell that started this launch: ``{"cell": its execution count, "flags": its magic line}``.
+
+    The Runs dashboard shows both and scrolls to the cell by its count (the one a rank's traceback
+    names, ``notebook/cell_label.py``). Outside a kernel (a script) both are None.
+
+    Example::
+
+        >>> running_cell()  # in the cell the notebook shows as [3]: %%distributed -n 2   # doctest: +SKIP
+        {'cell': 3, 'flags': '-n 2'}
+    """
+    ipython = sys.modules.get("IPython")  # never imported here: a plain script has no shell
+    shell = ipython.get_ipython() if ipython is not None else None
+    history = getattr(shell, "history_manager", None)
+    if shell is None or history is None or not history.input_hist_raw:
+        return {"cell": None, "flags": None}
+    first = history.input_hist_raw[-1].lstrip().split("\n", 1)[0]  # the running cell is stored last
+    flags = first.split(None, 1)[1].strip() if first.startswith("%%distributed") and " " in first else None
+    return {"cell": running_cell_count(shell), "flags": flags}
 
 
 def run_state_of(outcome: str, ranks: list) -> RunState:

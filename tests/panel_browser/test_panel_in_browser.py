@@ -25,7 +25,12 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         expect(panel.locator(".nblaunch-path")).to_contain_text("nblaunch.yaml")
         expect(panel.locator(".nblaunch-hardware-facts")).to_contain_text("CPU cores")
 
+        # a message sits under Save and goes once what it asks for is done
+        panel.locator('input[name="num_processes"]').fill("-1")
+        panel.get_by_role("button", name="Save", exact=True).click()
+        expect(panel.locator(".nblaunch-save-bar .nblaunch-status")).to_have_text("Fix the fields marked in red first.")
         panel.locator('input[name="num_processes"]').fill("3")
+        expect(panel.locator(".nblaunch-status")).to_have_text("")
         panel.locator('select[name="mixed_precision"]').select_option("bf16")
         expect(panel.locator(".nblaunch-dirty-note")).to_be_visible()
         expect(panel.locator('[data-field="num_processes"]')).to_have_class(re.compile("nblaunch-mod-dirty"))
@@ -37,6 +42,7 @@ def test_panel_saves_config_and_its_inserted_cell_runs_on_three_workers(lab_serv
         assert saved == {"num_processes": 3, "mixed_precision": "bf16"}
         snapshot(panel, "panel.png")
 
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click()  # the notebook the cell goes into is current
         panel.get_by_role("button", name="Insert %%distributed cell").click()
         cells = page.locator(".jp-NotebookPanel .jp-Cell .jp-InputArea-editor")
         expect(cells).to_have_count(3)

@@ -158,6 +158,18 @@ async def test_run_detail_shows_both_ranks_with_pid_state_cpu_and_memory(jp_fetc
     assert not any(k.startswith("gpu_") for r in second["ranks"] for k in r)  # no NVML here: no GPU fields
 
 
+async def test_run_detail_carries_each_ranks_figures_over_time_one_entry_per_request(jp_fetch, run_base, owner):
+    for _ in range(3):
+        _, detail = await fetch(jp_fetch, owner.run_id)
+    history = detail["history"]
+    assert len(history["t"]) == 3 and history["t"] == sorted(history["t"])
+    assert sorted(history["ranks"]) == ["0", "1"]
+    rss = history["ranks"]["1"]["rss_bytes"]
+    assert len(rss) == 3 and all(v > 10 * 2**20 for v in rss)
+    cpu = history["ranks"]["1"]["cpu_percent"]
+    assert cpu[0] is None and isinstance(cpu[2], float)  # a rate: none on the first sample
+
+
 async def test_log_tail_returns_the_last_lines_and_offset_follows_the_run(jp_fetch, run_base, owner):
     await wait_for(lambda: (run_base / owner.run_id / "rank1.log").read_text().count("\n") >= 5, what="5 lines")
     code, tail = await fetch(jp_fetch, owner.run_id, "ranks", "1", "log", params={"tail": "3"})

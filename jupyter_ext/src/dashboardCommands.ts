@@ -1,0 +1,122 @@
+/**
+ * Opening a run's dashboard: the "nblaunch:open-run-dashboard" command (args: run; without one it
+ * asks which run, for the command palette), used by the sidebar's runs list and by the run-name
+ * link of a cell's status line; and "Cell [N]" in a dashboard, which shows that cell in its notebook.
+ *
+ * Example: app.commands.execute('nblaunch:open-run-dashboard', { run: 'run-20250101-120000-ab12cd34' })
+ */
+
+import { ILayoutRestorer, JupyterFrontEnd } from '@jupyterlab/application';
+import {
+  Dialog,
+  InputDialog,
+  MainAreaWidget,
+  showDialog,
+  WidgetTracker
+} from '@jupyterlab/apputils';
+import { NotebookPanel } from '@jupyterlab/notebook';
+import { LabIcon } from '@jupyterlab/ui-components';
+
+import { runName } from './dashboardModel';
+import {
+  createDashboardWidget,
+  DASHBOARD_PREFIX,
+  dashboardWidgetId,
+  IDashboardActions
+} from './dashboardView';
+import { listenToLinks } from './linkClicks';
+import { RUN_ID } from './logCommands';
+import { formatElapsed, RunsModel } from './runsModel';
+
+/** What the run-name link of a cell's status line carries. */
+const RUN_LINK = 'a.nblaunch-run-link[data-nblaunch-run]';
+
+/** Register the command; a run's dashboard already open is shown again rather than opened twice. */
+export function addOpenDashboardCommand(
+  app: JupyterFrontEnd,
+  id: string,
+  runs: RunsModel,
+  icon: LabIcon,
+  actions: Omit<IDashboardActions, 'openCell'>,
+  restorer: ILayoutRestorer | null
+): void {
+  // Open dashboards come back after a page reload, as the lab's own tabs do.
+  const tracker = new WidgetTracker<MainAreaWidget>({ namespace: 'nblaunch-dashboard' });
+  const dashboardActions: IDashboardActions = {
+    ...actions,
+    openCell: (notebook, cell) => void showCell(app, notebook, cell)
+  };
+  app.commands.addCommand(id, {
+    label: args => (args.run ? 'Open the run dashboard' : 'nblaunch: Open run dashboard…'),
+    caption: "A run's ranks, their resources over time, logs, stacks and Stop, in a tab",
+    execute: async args => {
+      const run = args.run ? String(args.run) : await pickRun(runs);
+      if (!run || !RUN_ID.test(run)) {
+        return;
+      }
+      const widgetId = dashboardWidgetId(run);
+      const open = Array.from(app.shell.widgets('main')).find(w => w.id === widgetId);
+      if (!open) {
+        const widget = createDashboardWidget(run, runs, dashboardActions, icon);
+        app.shell.add(widget, 'main');
+        void tracker.add(widget);
+      }
+      app.shell.activateById(widgetId);
+    }
+  });
+  void restorer?.restore(tracker, {
+    command: id,
+    args: widget => ({ run: widget.id.replace(DASHBOARD_PREFIX, '') }),
+    name: widget => widget.id
+  });
+  listenToLinks(
+    RUN_LINK,
+    link => void app.commands.execute(id, { run: link.dataset.nblaunchRun ?? '' })
+  );
+}
+
+/** Ask which run (newest first), for the palette; '' when cancelled or when there is none. */
+async function pickRun(runs: RunsModel): Promise<string> {
+  await runs.refresh();
+  if (!runs.runs.length) {
+    await showDialog({
+      title: 'No runs yet',
+      body: 'A %%distributed cell or notebook_launcher() call shows up here once it starts.',
+      buttons: [Dialog.okButton()]
+    });
+    return '';
+  }
+  const labels = runs.runs.map(
+    run =>
+      `${runName(run)} · ${run.cell ? `cell [${run.cell}] · ` : ''}${run.state} · ${formatElapsed(run.elapsed_s)}`
+  );
+  const answer = await InputDialog.getItem({
+    title: 'Open run dashboard',
+    label: 'Run',
+    items: labels,
+    current: 0
+  });
+  const index = answer.button.accept && answer.value !== null ? labels.indexOf(answer.value) : -1;
+  return index >= 0 ? runs.runs[index].id : '';
+}
+
+/** Show cell [count] of the notebook at path (relative to the server's root), opening it if needed. */
+async function showCell(app: JupyterFrontEnd, path: string, count: number): Promise<void> {
+  const widget = await app.commands.execute('docmanager:open', { path });
+  if (!(widget instanceof NotebookPanel)) {
+    return;
+  }
+  await widget.context.ready;
+  app.shell.activateById(widget.id);
+  const notebook = widget.content;
+  const index = notebook.widgets.findIndex(
+    cell =>
+      cell.model.type === 'code' &&
+      (cell.model as { executionCount?: number | null }).executionCount === count
+  );
+  if (index < 0) {
+    return; // re-run or cleared since: the notebook is shown, the count no longer names a cell
+  }
+  notebook.activeCellIndex = index;
+  await notebook.scrollToCell(notebook.widgets[index], 'center');
+}

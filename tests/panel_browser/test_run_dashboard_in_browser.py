@@ -1,0 +1,231 @@
+"""End to end: a notebook in a real JupyterLab and Debian's Chromium starts a 2-rank launch. At the
+default sidebar width the sidebar's runs list shows it with nothing cut off; its dashboard tab opens
+from the list, from the palette and from the run's name in the cell's status line, shows both ranks
+(pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log tab
+(named after run and rank) follows the run and searches it; Stop in the dashboard ends the run, the
+cell shows the stopped-from-the-panel error, no process of the run is left, and the dashboard comes
+back after a page reload."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+
+import psutil
+from playwright.sync_api import expect
+
+REPO = Path(__file__).resolve().parents[2]
+PANEL = "#nblaunch-panel"
+expect.set_options(timeout=60_000)
+
+LONG_CELL = """%%distributed -n 2
+import time
+import torch.distributed as dist
+keep = []
+for step in range(3000):
+    print(f"rank {dist.get_rank()} working on step {step}", flush=True)
+    keep.append(bytearray(200_000))  # memory that grows: the charts move
+    sum(range(200_000))  # and some CPU
+    time.sleep(0.1)
+"""
+# Every element of the sidebar's list that must show whole at the default width (the ellipsis
+# spans are allowed to cut, and must then carry their whole text in their title).
+FITS = """panel => {
+  const cut = [];
+  for (const el of panel.querySelectorAll('.nblaunch-run-list, .nblaunch-run-open, .nblaunch-run-line,'
+      + ' .nblaunch-run-state, .nblaunch-run-elapsed, .nblaunch-actions, .nblaunch-button, .nblaunch-path')) {
+    if (el.scrollWidth > el.clientWidth) cut.push(el.className + ': ' + el.textContent);
+  }
+  for (const el of panel.querySelectorAll('.nblaunch-run .nblaunch-ellipsis')) {
+    if (el.scrollWidth > el.clientWidth && el.title !== el.textContent
+        && !el.title.endsWith(el.textContent)) cut.push('no title: ' + el.textContent);
+  }
+  return {cut, width: panel.getBoundingClientRect().width};
+}"""
+
+
+def _notebook(path, cells: list[str]) -> None:
+    path.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": []}
+                    | {"source": source}
+                    for i, source in enumerate(cells)
+                ],
+                "metadata": {
+                    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+                    "language_info": {"name": "python"},
+                },
+                "nbformat": 4,
+                "nbformat_minor": 5,
+            }
+        )
+    )
+
+
+def _max_step(text: str, rank: int) -> int:
+    steps = [int(s) for s in re.findall(rf"rank {rank} working on step (\d+)", text)]
+    return max(steps) if steps else -1
+
+
+def _tab(page, label: str):
+    return page.locator(".lm-DockPanel-tabBar .lm-TabBar-tab", has_text=re.compile(f"^{re.escape(label)}$"))
+
+
+def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follows_logs_and_stops(
+    lab_server, browser_page, snapshot, artifacts
+):
+    page = browser_page
+    page.set_default_timeout(60_000)
+    _notebook(lab_server.root / "train.ipynb", ["%load_ext kernelside", LONG_CELL])
+    try:
+        page.goto(lab_server.page_url("lab/tree/train.ipynb"))
+        page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
+        panel = page.locator(PANEL)
+        expect(panel.locator(".nblaunch-runs-summary")).to_contain_text("No runs yet")
+
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click()  # the notebook, not the panel, is active
+        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+
+        # the run appears by itself (the panel watches while a cell runs), live, told apart by cell and time
+        run = panel.locator('.nblaunch-run[data-state="running"]')
+        expect(run).to_have_count(1, timeout=150_000)
+        expect(run.locator(".nblaunch-run-origin")).to_have_text("train.ipynb")
+        expect(run.locator(".nblaunch-run-meta")).to_contain_text("local · 2 ranks · gloo")
+        expect(run.locator(".nblaunch-run-when")).to_have_text(re.compile(r"^cell \[2\] · started \d\d:\d\d:\d\d$"))
+        run_id = run.get_attribute("data-run-id")
+        fit = panel.evaluate(FITS)
+        assert fit["cut"] == [], fit  # at the default sidebar width
+        assert fit["width"] < 300, fit
+        snapshot(panel, "sidebar.png")
+
+        # the list opens the run's dashboard tab
+        run.locator(".nblaunch-run-open").click()
+        dash = page.locator(f"#nblaunch-dashboard-{run_id}")
+        expect(dash.locator(".nblaunch-dash-name")).to_have_text(re.compile(r"^train \d\d:\d\d:\d\d$"))
+        name = dash.locator(".nblaunch-dash-name").inner_text()
+        expect(_tab(page, name)).to_have_count(1)
+        facts = dash.locator(".nblaunch-dash-facts")
+        expect(facts).to_contain_text("train.ipynb")
+        expect(facts).to_contain_text("-n 2")
+        expect(facts).to_contain_text("local · 2 ranks · gloo")
+        ranks = dash.locator("table.nblaunch-dash-ranks tbody tr")
+        expect(ranks).to_have_count(2)
+        for r in range(2):
+            expect(ranks.nth(r).locator("td").nth(2)).to_have_text("running")
+            expect(ranks.nth(r).locator(".nblaunch-spark-value").nth(1)).to_have_text(re.compile(r"^\d+(\.\d)? MiB$"))
+        expect(ranks.nth(1).locator(".nblaunch-spark-value").first).to_have_text(re.compile(r"^\d+%$"))  # 2nd sample
+        pids = [int(ranks.nth(r).locator("td").nth(1).inner_text()) for r in range(2)]
+        run_dir = next((lab_server.root.parent / "tmp").glob(f"nblaunch-*/{run_id}"))
+        state = json.loads((run_dir / "state.json").read_text())
+        kernel_pid = state["kernel_pid"]
+        assert re.fullmatch(r"[0-9a-f-]{36}", state["kernel_id"])  # from ipykernel's connection file name
+        assert state["cell"] == 2 and state["flags"] == "-n 2"
+
+        # the memory chart moves: more samples, another line, while the run goes on
+        memory = ranks.nth(1).locator('.nblaunch-spark[data-figure="rss_bytes"]')
+        expect(memory).to_have_attribute("data-samples", re.compile(r"^([3-9]|\d\d+)$"))
+        line = memory.locator("path").get_attribute("d")
+        samples = int(memory.get_attribute("data-samples"))
+        expect(memory).not_to_have_attribute("data-samples", str(samples), timeout=15_000)
+        assert memory.locator("path").get_attribute("d") != line
+        snapshot(page, "dashboard.png")
+
+        # Stacks, moved here from the sidebar: where each rank is now, the run goes on
+        dash.get_by_role("button", name="Stacks", exact=True).click()
+        stacks = dash.locator(".nblaunch-stacks-text")
+        expect(stacks).to_contain_text("rank 0:")
+        expect(stacks).to_contain_text("rank 1:")
+        dash.get_by_role("button", name="Hide stacks").click()
+        expect(stacks).to_be_hidden()
+
+        # rank 1's output never reaches the cell: its log tab, named after run and rank, follows the run
+        ranks.nth(1).get_by_role("button", name="Log").click()
+        log_tab = page.locator(f"#nblaunch-log-{run_id}-1")
+        log = log_tab.locator(".nblaunch-log-text")
+        expect(_tab(page, f"{name} · rank 1")).to_have_count(1)
+        expect(log).to_contain_text("rank 1 working on step")
+        expect(log_tab.locator(".nblaunch-log-status")).to_contain_text("following")
+        seen = _max_step(log.inner_text(), 1)
+        expect(log).to_contain_text(f"rank 1 working on step {seen + 5}", timeout=30_000)
+        stamps = log_tab.locator(".nblaunch-log-stamp").filter(has_text=re.compile(r"^\d\d:\d\d:\d\d$"))
+        expect(stamps.first).to_be_visible()  # lines that arrived while following carry their time
+        # search: only the lines that contain the text, marked, and still following
+        log_tab.locator(".nblaunch-log-search").fill("step 1")
+        expect(log_tab.locator(".nblaunch-log-count")).to_contain_text("contain “step 1”")
+        shown = log_tab.locator(".nblaunch-log-line")
+        assert all("step 1" in t for t in shown.all_inner_texts())
+        expect(log_tab.locator(".nblaunch-log-line mark").first).to_have_text("step 1")
+        matches = shown.count()
+        expect(shown).not_to_have_count(matches, timeout=30_000)  # new matching lines keep arriving
+        snapshot(page, "dashboard-log.png")
+        log_tab.locator(".nblaunch-log-search").fill("")
+
+        # the status line's log link in the cell opens rank 0's log
+        _tab(page, "train.ipynb").click()
+        page.locator('a.nblaunch-log-link[data-nblaunch-rank="0"]').first.click()
+        expect(page.locator(f"#nblaunch-log-{run_id}-0 .nblaunch-log-text")).to_contain_text("rank 0 working")
+
+        # the palette opens it too; opening it again shows the one tab rather than a second
+        _tab(page, name).locator(".lm-TabBar-tabCloseIcon").click()
+        expect(dash).to_have_count(0)
+        page.keyboard.press("Control+Shift+C")
+        page.locator(".lm-CommandPalette-input").fill("Open run dashboard")
+        page.locator(".lm-CommandPalette-item", has_text="Open run dashboard…").first.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog.locator("select option").first).to_contain_text(f"{name} · cell [2] · running")
+        dialog.get_by_role("button", name="Ok").click()
+        expect(dash.locator(".nblaunch-dash-name")).to_have_text(name)
+        run.locator(".nblaunch-run-open").click()
+        expect(page.locator(".nblaunch-dashboard")).to_have_count(1)
+
+        # Cell [2] shows that cell in its notebook
+        dash.locator(".nblaunch-dash-cell").click()
+        expect(page.locator(".jp-NotebookPanel .jp-Cell.jp-mod-active .jp-InputArea-editor")).to_contain_text(
+            "%%distributed -n 2"
+        )
+        _tab(page, name).click()
+
+        # Stop, in the dashboard
+        stop = dash.get_by_role("button", name="Stop", exact=True)
+        expect(stop).to_be_visible()
+        t0 = time.monotonic()
+        stop.click()
+        expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
+        assert time.monotonic() - t0 < 5.0  # < 2 s to stop, then the next poll on a loaded machine
+        expect(stop).to_be_hidden()
+        for r in range(2):
+            expect(ranks.nth(r).locator("td").nth(2)).to_have_text(re.compile(r"^stopped"))
+        expect(panel.locator(f'.nblaunch-run[data-run-id="{run_id}"][data-state="stopped"]')).to_have_count(1)
+        outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
+        expect(outputs.filter(has_text="LaunchStoppedError")).to_have_count(1, timeout=30_000)
+        expect(outputs.filter(has_text="stopped from the launch panel")).not_to_have_count(0)
+        _tab(page, f"{name} · rank 1").click()
+        expect(page.locator(f"#nblaunch-log-{run_id}-1 .nblaunch-log-status")).to_contain_text("has ended")
+        assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        assert psutil.Process(kernel_pid).children(recursive=True) == []
+
+        # the run's name in the cell's status line opens the dashboard (the one tab, activated)
+        _tab(page, name).locator(".lm-TabBar-tabCloseIcon").click()
+        _tab(page, "train.ipynb").click()
+        saved = lambda r: "/api/workspaces" in r.url and r.request.method == "PUT"  # noqa: E731
+        with page.expect_response(saved):  # the lab saved its layout with the dashboard in it
+            page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first.click()
+        expect(dash.locator(".nblaunch-dash-name")).to_have_text(name)
+        expect(dash).to_be_visible()
+        snapshot(page, "dashboard-stopped.png")
+
+        # an open dashboard comes back after a page reload, with its ended run's figures
+        page.reload()
+        expect(dash.locator(".nblaunch-dash-name")).to_have_text(name)
+        expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped")
+    finally:
+        snapshot(page, "dashboard-last-page.png")
+    for shot in ("sidebar.png", "dashboard.png", "dashboard-log.png"):
+        if (artifacts / shot).is_file():
+            shutil.copy(artifacts / shot, REPO / "docs" / shot)  # the README shows these
