@@ -235,10 +235,21 @@ def test_rank_death_is_named_and_returns_promptly(how, expected):
 
 
 def fail_everywhere():
+    """Rank 0 fails first; the others fail once they are told to stop (the SIGTERM that rank 0's failure brings)."""
+    import signal
+    import threading
+
     import torch.distributed as dist
 
-    time.sleep(0.3 * dist.get_rank())
-    raise RuntimeError(f"rank {dist.get_rank()} broke")
+    rank = dist.get_rank()
+    if rank == 0:
+        raise RuntimeError("rank 0 broke")
+
+    def broke(*_):
+        raise RuntimeError(f"rank {rank} broke")
+
+    signal.signal(signal.SIGTERM, broke)
+    threading.Event().wait()  # until the stop that follows rank 0's failure
 
 
 def test_exceptions_in_several_ranks_report_the_first_and_list_the_others():
@@ -247,6 +258,8 @@ def test_exceptions_in_several_ranks_report_the_first_and_list_the_others():
     msg = str(info.value)
     assert info.value.rank == 0
     assert msg.startswith("nblaunch: rank 0 failed: RuntimeError: rank 0 broke")
+    also = next(line for line in msg.splitlines() if line.startswith("also failed: "))
+    assert "rank 1: RuntimeError: rank 1 broke" in also and "rank 2: RuntimeError: rank 2 broke" in also
 
 
 def sleep_forever():
