@@ -242,13 +242,14 @@ def fail_everywhere():
     import torch.distributed as dist
 
     rank = dist.get_rank()
-    if rank == 0:
-        raise RuntimeError("rank 0 broke")
 
     def broke(*_):
         raise RuntimeError(f"rank {rank} broke")
 
     signal.signal(signal.SIGTERM, broke)
+    dist.barrier()  # every rank's handler is in place before rank 0 fails
+    if rank == 0:
+        raise RuntimeError("rank 0 broke")
     threading.Event().wait()  # until the stop that follows rank 0's failure
 
 
