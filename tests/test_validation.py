@@ -15,7 +15,7 @@ import kernelside
 from jupyter_ext.config_store import ConfigStore
 from jupyter_ext.errors import PanelRequestError
 from kernelside import config, notebook_launcher
-from kernelside.config.fields import allowed
+from kernelside.config.field_checks import allowed
 from kernelside.errors import LaunchConfigError
 
 

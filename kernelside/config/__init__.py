@@ -13,16 +13,15 @@ Example::
     (4, 'argument')
 """
 
+from .field_checks import check_value, validate
 from .fields import (
     ACCELERATE_PASSTHROUGH,
     FIELDS,
     FIELDS_BY_NAME,
     MIXED_PRECISION,
     Field,
-    check_value,
     defaults,
     schema,
-    validate,
 )
 from .files import (
     CONFIG_FILENAME,

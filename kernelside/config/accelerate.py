@@ -18,7 +18,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import LaunchConfigError
-from .fields import FIELDS_BY_NAME, check_value, defaults
+from .field_checks import check_value
+from .fields import FIELDS_BY_NAME, defaults
 from .files import ConfigFile, accelerate_default_config_path
 
 default_config_path = accelerate_default_config_path  # Accelerate's own name for it

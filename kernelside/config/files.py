@@ -19,7 +19,8 @@ from pathlib import Path
 import yaml
 
 from ..errors import LaunchConfigError
-from .fields import ACCELERATE_PASSTHROUGH, FIELDS, FIELDS_BY_NAME, check_value, validate
+from .field_checks import check_value, validate
+from .fields import ACCELERATE_PASSTHROUGH, FIELDS, FIELDS_BY_NAME
 
 CONFIG_FILENAME = "nblaunch.yaml"
 ENV_CONFIG = "NBLAUNCH_CONFIG"

@@ -11,7 +11,8 @@ Example::
 from __future__ import annotations
 
 from ..errors import LaunchConfigError
-from .fields import FIELDS_BY_NAME, check_value
+from .field_checks import check_value
+from .fields import FIELDS_BY_NAME
 
 # Other spellings of a key: Accelerate's notebook_launcher(use_port=...), the magics' --port.
 ALIASES = {"use_port": "main_process_port", "port": "main_process_port"}

@@ -14,7 +14,8 @@ import os
 from pathlib import Path
 
 from .accelerate import import_accelerate
-from .fields import FIELDS, check_value, defaults
+from .field_checks import check_value
+from .fields import FIELDS, defaults
 from .files import find_config_path, load_config_file
 
 

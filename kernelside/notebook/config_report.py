@@ -18,7 +18,7 @@ import os
 import sys
 
 from ..config import ResolvedConfig
-from ..config.fields import allowed
+from ..config.field_checks import allowed
 from ..engines.table import engine_class
 from ..errors import LaunchConfigError
 from ..launch import hardware
