@@ -35,8 +35,7 @@ import weakref
 
 import cloudpickle
 
-from ..errors import LaunchConfigError
-from ..notebook.namespace import cell_needs, function_needs, is_notebook_name, names_assigned
+from ..notebook.namespace import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
 from ..worker.live_rank import rebuild_function
 
 _BY_IDENTITY = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType)
@@ -164,14 +163,11 @@ class NameSender:
             except Exception as e:
                 problems.append(f"{name!r} ({type(value).__name__}): {type(e).__name__}: {e}")
         if problems:
-            raise LaunchConfigError(
-                None,
-                None,
-                None,
-                message="these notebook names cannot be sent to the live ranks: "
-                + "; ".join(problems)
-                + ". Create them inside a %%distributed cell instead (the ranks keep them), "
-                "or make them picklable. Nothing ran.",
+            raise unpicklable_names(
+                problems,
+                "the live ranks",
+                "Create them inside a %%distributed cell instead (the ranks keep them), or make them picklable. "
+                "Nothing ran.",
             )
         return out
 

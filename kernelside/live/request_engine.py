@@ -41,6 +41,7 @@ ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every 
 REBUILD_S = 30.0  # the longest a process-group rebuild may take before the world is restarted instead
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
 REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
+KEPT = "no rank was left waiting in a collective: every rank kept its state, and the process group needed no rebuild"
 
 
 class LiveRunEngine(Engine):
@@ -128,6 +129,8 @@ class LiveRunEngine(Engine):
             for n in self.rebuild_notes:
                 recorder.note(f"nblaunch: after the rebuild, {n}.")
             recorder.note(f"nblaunch: {REBUILT}.")
+        elif reason is None and self.req_id and recorder.report.failures:
+            recorder.note(f"nblaunch: {KEPT}.")  # the failure came before any peer waited for it
         if reason is None or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
         self.restart_reason = reason

@@ -252,13 +252,10 @@ class Payload:
                 except Exception as e:
                     problems.append(f"{name!r} ({type(value).__name__}): {type(e).__name__}: {e}")
             if problems:
-                raise LaunchConfigError(
-                    None,
-                    None,
-                    None,
-                    message="these notebook names cannot be sent to spawned workers: "
-                    + "; ".join(problems)
-                    + ". Use fork (--start-method fork, possible while CUDA is not initialized in the kernel), "
+                raise unpicklable_names(
+                    problems,
+                    "spawned workers",
+                    "Use fork (--start-method fork, possible while CUDA is not initialized in the kernel), "
                     "or create them inside the %%distributed cell. Nothing was started.",
                 )
         parts = [("the function", self.fn)]
@@ -277,3 +274,13 @@ class Payload:
                     "initialized in the kernel), or create that object inside the launched function. "
                     "Nothing was started.",
                 ) from None
+
+
+def unpicklable_names(problems: list[str], to: str, what_to_do: str) -> LaunchConfigError:
+    """The error for notebook names that cannot be pickled for ``to``: each name with its reason, then the way out.
+
+    >>> str(unpicklable_names(["'lock' (lock): TypeError: no"], "the live ranks", "Nothing ran."))  # doctest: +ELLIPSIS
+    "...these notebook names cannot be sent to the live ranks: 'lock' (lock): TypeError: no. Nothing ran."
+    """
+    message = f"these notebook names cannot be sent to {to}: " + "; ".join(problems) + ". " + what_to_do
+    return LaunchConfigError(None, None, None, message=message)

@@ -26,6 +26,7 @@ Example (what the kernel side sends, see ``live.session``)::
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pickle
 import queue
@@ -39,23 +40,29 @@ from . import context, live_debug, live_rescue
 from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
-# One rank process serves one live session: what its SIGINT handler and rebuilt functions must see.
-_aborted = threading.Event()  # set by the reader thread's abort (a peer's abort may be felt before it)
-_state = {
-    "busy": False,
-    "pending": False,
-    "namespace": None,
-    "aborted": False,
-    "req": None,
-    "last": None,
-    "replies": -1,
-}
+
+@dataclasses.dataclass
+class _LiveRankState:
+    busy: bool = False  # a request's code is running
+    pending: bool = False  # an interrupt came while no code ran: it is for the next request
+    namespace: dict | None = None  # the cells' names on this rank
+    aborted: bool = False  # the kernel's abort unblocked this rank's collective
+    req: int | None = None  # the request running now
+    last: int | None = None  # the last request started
+    replies: int = -1
+    # set by the reader thread's abort (a peer's abort may be felt before it)
+    abort_seen: threading.Event = dataclasses.field(default_factory=threading.Event)
+
+
+# Global on purpose: one rank process serves one live session, and its SIGINT handler and the functions
+# rebuilt from the kernel (which take no session argument) must see this rank's state.
+LIVE_RANK = _LiveRankState()
 CONTROL_KINDS = ("abort", "where")
 
 
 def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, fdict):
     """A notebook function sent by the kernel, bound to this rank's namespace (the cells' names)."""
-    fn = types.FunctionType(code, _state["namespace"], name, defaults, closure)
+    fn = types.FunctionType(code, LIVE_RANK.namespace, name, defaults, closure)
     fn.__kwdefaults__, fn.__qualname__, fn.__doc__ = kwdefaults, qualname, doc
     fn.__dict__.update(fdict)
     fn.__module__ = "__main__"
@@ -63,9 +70,9 @@ def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, f
 
 
 def _on_sigint(signum, frame):
-    if _state["busy"]:
+    if LIVE_RANK.busy:
         raise KeyboardInterrupt
-    _state["pending"] = True
+    LIVE_RANK.pending = True
 
 
 def _rss() -> int:
@@ -99,7 +106,7 @@ class RequestReader:
             while True:
                 ready, _, _ = select.select([self.fd], [], [], 0.5)
                 if not ready:
-                    self.watch.check(_state["busy"])
+                    self.watch.check(LIVE_RANK.busy)
                     continue
                 body = read_frame(self.fd)
                 if body is None:
@@ -121,16 +128,16 @@ class RequestReader:
             return
         with self.abort_lock:  # abort: this rank's process-group sockets, so every blocked peer returns
             self._where()
-            _state["aborted"] = True
-            _aborted.set()
+            LIVE_RANK.aborted = True
+            LIVE_RANK.abort_seen.set()
             live_rescue.close_group_sockets(self.inherited)
 
     def _where(self) -> None:
         """Where the main thread is in the request it runs, or that it has not started the one queued."""
-        if _state["req"] is not None:
-            self.events.send("where", {**live_rescue.where_main(), "cell": _state["req"]})
+        if LIVE_RANK.req is not None:
+            self.events.send("where", {**live_rescue.where_main(), "cell": LIVE_RANK.req})
         else:  # not started yet, or done with it already (then the kernel needs no line, but waits for the answer)
-            done = self.queued == _state["last"]
+            done = self.queued == LIVE_RANK.last
             self.events.send(
                 "where", {"line": None, "collective": None, "seq": None, "cell": self.queued, "done": done}
             )
@@ -138,7 +145,7 @@ class RequestReader:
 
 def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: int = -1) -> RankEnd:
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
-    _state["namespace"] = namespace
+    LIVE_RANK.namespace = namespace
     inherited = live_rescue.socket_inodes()  # before the process group exists: none of these is its
     failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
@@ -153,19 +160,19 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
     reader = RequestReader(requests_fd, events, inherited)
     _idle(events, 0)
     while True:
-        _state["busy"] = False
+        LIVE_RANK.busy = False
         req = reader.next()
-        _state["pending"] = False  # an interrupt that came while waiting was for the request before
+        LIVE_RANK.pending = False  # an interrupt that came while waiting was for the request before
         if req is None or req["kind"] == "stop":
             return RankEnd(0)
         extra = {}
         try:
-            _state["req"] = _state["last"] = req["id"]
+            LIVE_RANK.req = LIVE_RANK.last = req["id"]
             if req["kind"] == "rebuild":
                 extra = {"group": req["gen"], "rebuild_failed": True}  # (until it succeeds: the kernel stops waiting)
                 extra = {"group": req["gen"], "notes": live_rescue.rebuild_group(req["gen"], namespace)}
-                _state["aborted"] = False
-                _aborted.clear()
+                LIVE_RANK.aborted = False
+                LIVE_RANK.abort_seen.clear()
             elif req["kind"] == "debug":
                 live_debug.post_mortem(req["of"], spec.rank)
             else:
@@ -174,7 +181,7 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
             pass  # an interrupt meant for the request that has just ended
         except BaseException as e:  # noqa: B036 - the request loop must survive whatever a request did
             events.send("error", error_payload(e, req["kind"]))
-        _state["req"] = None
+        LIVE_RANK.req = None
         with reader.abort_lock:
             _idle(events, req["id"], **extra)
 
@@ -199,20 +206,21 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
     events.send("ready", {**stamp(), "pid": os.getpid()})
 
     def work():
-        _state["busy"] = True
-        if _state["pending"]:
-            _state["pending"] = False
+        LIVE_RANK.busy = True
+        if LIVE_RANK.pending:
+            LIVE_RANK.pending = False
             raise KeyboardInterrupt
         try:
             return fn(*args, **kwargs)
         except Exception as e:
-            if not _state["aborted"] and any(w in str(e) for w in live_rescue.PEER_LOSS):
-                _aborted.wait(1.0)  # a peer closed its sockets on the kernel's abort before this rank's came
-            if _state["aborted"]:  # unblocked by the kernel's abort: stopped, not a failure of this rank
+            if not LIVE_RANK.aborted and any(w in str(e) for w in live_rescue.PEER_LOSS):
+                # a peer closed its sockets on the kernel's abort before this rank's came
+                LIVE_RANK.abort_seen.wait(1.0)
+            if LIVE_RANK.aborted:  # unblocked by the kernel's abort: stopped, not a failure of this rank
                 raise KeyboardInterrupt from e
             live_debug.keep(req["id"], e)  # for %debug in the notebook
             raise
         finally:
-            _state["busy"] = False
+            LIVE_RANK.busy = False
 
     run_work(rank_spec, work, (), {}, events)
