@@ -1,9 +1,11 @@
 """The loggers training code already calls draw the live chart: a real kernel (nbclient, widget state
-stored), real ranks (gloo, 2 CPU workers), real Accelerate, transformers, Lightning and TensorBoard."""
+stored), real ranks (gloo, 2 CPU workers), real Accelerate, transformers, Lightning, TensorBoard and WandB (offline)."""
 
 from __future__ import annotations
 
 import ast
+import glob
+import struct
 import textwrap
 
 import nbformat
@@ -105,6 +107,38 @@ accelerator.log({"captured": 1.0}, step=1)
 log_metrics(step=1, explicit=2.0)
 """
 
+# WandB offline through Accelerate's tracker: WANDB_MODE=offline never opens a connection; the run is a local
+# directory under WANDB_DIR, written by the wandb-core service that rank 0's wandb.init starts
+WANDB_SETUP = """
+wandb_dir = os.path.join(os.getcwd(), "wandb_runs")
+os.makedirs(wandb_dir)
+os.environ.update(WANDB_MODE="offline", WANDB_SILENT="true", WANDB_DIR=wandb_dir)
+print("wandb dir", wandb_dir)
+"""
+
+WANDB_TRACKER = """
+%%distributed -n 2
+from accelerate import Accelerator
+accelerator = Accelerator(log_with="wandb")
+accelerator.init_trackers("nblaunch-test")
+for step in range(6):
+    accelerator.log({"wb_loss": 1.0 - 0.125 * step}, step=step)
+accelerator.end_training()
+"""
+
+# any process started with this WANDB_DIR (wandb-core is exec'd with it; an orphan is no longer the kernel's descendant)
+WANDB_LEFT = """
+summary('wandb')
+import psutil
+def _started_with_wandb_dir(p):
+    try:
+        return p.environ().get("WANDB_DIR") == wandb_dir
+    except (psutil.Error, OSError):
+        return False
+print("wandb left", [p.pid for p in psutil.process_iter() if p.pid != os.getpid() and _started_with_wandb_dir(p)])
+print("kernel children", [p.name() for p in psutil.Process().children(recursive=True)])
+"""
+
 CELLS = [
     SETUP,
     ACCELERATE,
@@ -123,6 +157,9 @@ CELLS = [
     "summary('lightning')",
     OFF,
     "summary('off')",
+    WANDB_SETUP,
+    WANDB_TRACKER,
+    WANDB_LEFT,
 ]
 
 
@@ -217,3 +254,49 @@ def test_lightning_self_log_and_fabric_log_draw_the_chart_under_ddp(notebook):
 
 def test_metrics_off_leaves_the_frameworks_alone_and_log_metrics_still_draws(notebook):
     assert _history(notebook, 12, "off") == [{"step": 1, "explicit": 2.0}]
+
+
+def _wandb_records(path: str):
+    """The records of a `.wandb` file: a LevelDB-style log (32 KiB blocks, 7-byte chunk headers after a 7-byte
+    ':W&B' file header) of wandb's own protobuf `Record`s; wandb 0.31 ships no Python reader for it."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", f"{path} is not a wandb run file: {data[:7]!r}"
+    pos, pending = 7, b""
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
+        if left < 7 or (kind == 0 and length == 0):  # block padding
+            pos += left
+            continue
+        pending += data[pos + 7 : pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST chunk: a record is complete
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def test_wandb_offline_tracker_writes_one_run_with_each_step_once_and_draws_the_chart(notebook):
+    assert _history(notebook, 15, "wandb") == [{"step": s, "wb_loss": 1.0 - 0.125 * s} for s in range(6)]
+    chart = _chart(notebook, 14)
+    assert "wb_loss: last 0.375 (6 points)" in chart
+    wandb_dir = next(ln for ln in _text(notebook, 13).splitlines() if ln.startswith("wandb dir ")).split(" ", 2)[2]
+    runs = glob.glob(f"{wandb_dir}/wandb/offline-run-*")
+    assert len(runs) == 1, runs  # rank 0's tracker only
+    (run_file,) = glob.glob(f"{runs[0]}/run-*.wandb")
+    records = list(_wandb_records(run_file))
+    history = [
+        (r.history.step.num, {i.key or "/".join(i.nested_key): i.value_json for i in r.history.item})
+        for r in records
+        if r.HasField("history")
+    ]
+    assert [step for step, _ in history] == list(range(6))  # each step once: nothing written twice
+    assert [float(items["wb_loss"]) for _, items in history] == [1.0 - 0.125 * s for s in range(6)]
+    assert records[-1].HasField("exit")  # end_training() finished the run
+    # wandb-core ended with the run: nothing left by the rank's exit
+    out = _text(notebook, 15)
+    assert "wandb left []" in out
+    assert "wandb" not in next(ln for ln in out.splitlines() if ln.startswith("kernel children "))

@@ -70,8 +70,21 @@ def _run_and_exit(p: Payload) -> None:
         end = run_rank(p.spec, p.work, EventWriter(p.events_fd), p.replies_fd)
     # Results are sent; flushed output is all that is left. No destructor runs (os._exit): gloo's
     # process-group destructor can deadlock on the GIL, and the group is nblaunch's (group_owner.py).
+    _end_wandb_service()
     flush_all()
     os._exit(end.code)
+
+
+def _end_wandb_service() -> None:
+    # wandb's service (wandb-core, this rank's child) is ended by an atexit hook that os._exit skips: without
+    # this it outlives the rank until it notices its parent is gone. A no-op where wandb never started it.
+    wandb = sys.modules.get("wandb")
+    if wandb is None or not hasattr(wandb, "teardown"):
+        return
+    try:
+        wandb.teardown()
+    except Exception as e:  # the rank's results are already sent: say so, leave with its own exit code
+        print(f"nblaunch: wandb.teardown() at the end of the rank failed: {e!r}", file=sys.stderr)
 
 
 def enter_forked(p: Payload, out_fd: int, err_fd: int) -> None:
