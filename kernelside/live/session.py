@@ -335,6 +335,7 @@ class LiveSession:
         engine = LiveRunEngine(
             self, req_id, (rank,), blob=blob, timeout=None, label=f"live session, %debug of cell {of}"
         )
+        engine.render = "text"  # a pdb conversation with one rank: its lines in the cell, no status line or rank tabs
         with keeping_last_report():  # %distributed_last stays the failed cell's report
             self._run(engine, LaunchRequest(fn=None, on_event=engine.on_event), plan)
 
