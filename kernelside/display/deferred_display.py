@@ -45,7 +45,10 @@ class DeferredRunDisplay:
         self._draw().on_event(rank, kind, payload)
 
     def tick(self, force: bool = False) -> None:
-        if self.real is None and self.wanted and time.monotonic() - self.t0 >= SHOW_AFTER_S:
+        # only a cell still at work earns its status line: once the outcome is decided (a rank failed, a stop),
+        # the cell's error says the rest, however long the ranks take to come back to idle
+        running = self.report.outcome == "running"
+        if self.real is None and self.wanted and running and time.monotonic() - self.t0 >= SHOW_AFTER_S:
             self._draw()
         if self.real is not None:
             self.real.tick(force)
