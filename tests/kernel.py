@@ -95,6 +95,7 @@ class Kernel:
             cell.messages.append((kind, content))
             if kind in ("stream", "execute_result", "display_data", "error", "update_display_data"):
                 cell.outputs.append((kind, content))
+                cell.output_dates.append(msg["header"]["date"])
                 if on_output is not None:
                     on_output(kind, content)
         cell.reply = self.reply_to(msg_id)["content"]
@@ -119,6 +120,7 @@ class Kernel:
             return
         content = msg["content"]
         cell.input_requests.append(content)
+        cell.input_request_dates.append(msg["header"]["date"])
         self.kc.input(on_input(content["prompt"], content["password"]))
 
     def interrupt(self) -> None:
@@ -134,6 +136,10 @@ class Cell:
         self.outputs: list[tuple[str, dict]] = []
         self.messages: list[tuple[str, dict]] = []  # every iopub message of the cell (comms included)
         self.input_requests: list[dict] = []  # stdin input_request contents, in order
+        # when the kernel sent each output and input request (header dates): the kernel's own order, which
+        # the client's separate iopub and stdin sockets do not keep
+        self.output_dates: list = []
+        self.input_request_dates: list = []
         self.reply: dict = {}
         self.msg_id: str | None = None
 

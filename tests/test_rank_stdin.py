@@ -49,24 +49,21 @@ print("hello", name, len(secret or ""))
 
 
 def test_prompt_comes_after_the_text_printed_before_it(kernel):
-    seen_at_prompt = []
-    outputs = []
-
-    def answer(prompt, password):
-        seen_at_prompt.append("".join(c.get("text", "") for _, c in outputs))
-        return "ok"
-
-    kernel.run(
+    # the kernel's order (header dates), not the arrival order: iopub and stdin are separate sockets
+    cell = kernel.run(
         """%%distributed -n 2
 if rank == 0:
     for i in range(200):
         print("line", i)
     input("go? ")
 """,
-        on_input=answer,
-        on_output=lambda kind, content: outputs.append((kind, content)),
+        on_input=lambda prompt, password: "ok",
     ).ok()
-    assert seen_at_prompt[0].endswith("line 199\n")
+    asked_at = cell.input_request_dates[0]
+    sent = [(d, c.get("text", "")) for (_, c), d in zip(cell.outputs, cell.output_dates, strict=True)]
+    before = "".join(text for d, text in sent if d <= asked_at)
+    assert before.endswith("line 199\n") and "line 0\n" in before, before[-200:]
+    assert "line" not in "".join(text for d, text in sent if d > asked_at)
 
 
 def test_pdb_session_on_rank_0_prints_and_steps_and_continues(kernel):

@@ -50,6 +50,9 @@ class _LiveRankState:
     req: int | None = None  # the request running now
     last: int | None = None  # the last request started
     replies: int = -1
+    # (request id, where_main) where SIGINT stopped the main thread: the answer to a ``where`` read after the
+    # request has already ended (the reader thread may get the CPU only once the interrupted request is over)
+    stopped_at: tuple[int, dict] | None = None
     # set by the reader thread's abort (a peer's abort may be felt before it)
     abort_seen: threading.Event = dataclasses.field(default_factory=threading.Event)
 
@@ -71,6 +74,8 @@ def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, f
 
 def _on_sigint(signum, frame):
     if LIVE_RANK.busy:
+        if LIVE_RANK.req is not None:
+            LIVE_RANK.stopped_at = (LIVE_RANK.req, live_rescue.where_main(frame))
         raise KeyboardInterrupt
     LIVE_RANK.pending = True
 
@@ -134,8 +139,14 @@ class RequestReader:
 
     def _where(self) -> None:
         """Where the main thread is in the request it runs, or that it has not started the one queued."""
-        if LIVE_RANK.req is not None:
-            self.events.send("where", {**live_rescue.where_main(), "cell": LIVE_RANK.req})
+        req, stopped = LIVE_RANK.req, LIVE_RANK.stopped_at
+        at = live_rescue.where_main() if req is not None else None
+        this = req if req is not None else self.queued
+        if stopped is not None and stopped[0] == this and not (at and at["line"]):
+            # the interrupt came first: where it stopped the code (now unwinding or over) is the answer
+            self.events.send("where", {**stopped[1], "cell": stopped[0]})
+        elif at is not None:
+            self.events.send("where", {**at, "cell": req})
         else:  # not started yet, or done with it already (then the kernel needs no line, but waits for the answer)
             done = self.queued == LIVE_RANK.last
             self.events.send(

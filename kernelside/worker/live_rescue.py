@@ -49,9 +49,10 @@ def _seq() -> int | None:
     return None
 
 
-def where_main() -> dict:
-    """The main thread's user line (cell line, or file:line in function) and the collective it waits in."""
-    frame = _main_frame()
+def where_main(frame=None) -> dict:
+    """The main thread's user line (cell line, or file:line in function) and the collective it waits in;
+    ``frame``: read from there instead (the frame a signal interrupted, given to its handler)."""
+    frame = _main_frame() if frame is None else frame
     stack = []
     while frame is not None:
         stack.append(frame)
