@@ -109,9 +109,14 @@ def frame(body: bytes) -> bytes:
     return _HEADER.pack(len(body)) + body
 
 
+ONE_WRITE_BYTES = 64 * 1024  # a frame this small goes in one write: one wake-up of the rank's reader, not two
+
+
 def write_frame(fd: int, body: bytes) -> None:
     """One length-prefixed message (blocking write): the kernel sends a live rank a request."""
-    for chunk in (_HEADER.pack(len(body)), body):
+    head = _HEADER.pack(len(body))
+    chunks = (head + body,) if len(body) <= ONE_WRITE_BYTES else (head, body)  # (a big body is not copied)
+    for chunk in chunks:
         view = memoryview(chunk)
         while view:
             view = view[os.write(fd, view) :]

@@ -82,9 +82,9 @@ def test_a_live_session_is_one_entry_idle_with_two_ranks_running_during_a_cell_a
 
     def on_output(kind, content):
         if "in the cell" in content.get("text", "") and not seen:
-            seen.update(state(run_dir))
+            seen.update(wait_state(run_dir, "running", timeout=5)[0])  # a cell is written as running after 0.25 s
 
-    kernel.run("%%distributed\nprint('in the cell', flush=True)\ntime.sleep(0.5)", on_output=on_output).ok()
+    kernel.run("%%distributed\nprint('in the cell', flush=True)\ntime.sleep(2)", on_output=on_output).ok()
     assert seen["state"] == "running" and [r["state"] for r in seen["ranks"]] == ["busy", "busy"]
     s = state(run_dir)
     assert s["state"] == "idle" and s["cells_run"] == 1 and s["last_cell"] == "ok"

@@ -75,16 +75,21 @@ class RankOutputRouter:
         self.held_back, self.held_rank = 0, 0
         self.held_tail: collections.deque = collections.deque(maxlen=HELD_TAIL_LINES)
         self.unflushed = 0
+        self.written: set[str] = set()  # the streams this router wrote to: finish() flushes only those
         for r in range(world_size):
             path = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract: the server reads it
-            self.logs[r] = open(path, "ab", buffering=0)
             self.log_paths[r] = path
+            if not os.path.exists(path):  # every rank has its log from the start; it is opened at its first bytes
+                open(path, "ab").close()
 
     def shown(self, rank: int) -> bool:
         return self.mode == "all" or (self.mode == "rank0" and rank == 0)
 
     def feed(self, rank: int, stream: str, data: bytes) -> None:
-        self.logs[rank].write(data)
+        log = self.logs.get(rank)
+        if log is None:  # (a live cell that prints nothing opens no file)
+            log = self.logs[rank] = open(self.log_paths[rank], "ab", buffering=0)
+        log.write(data)
         buf = self.buffers[(rank, stream)]
         if not buf.data:
             buf.since = time.monotonic()
@@ -128,9 +133,9 @@ class RankOutputRouter:
             self.tabs.tick(force=True)
         for fh in self.logs.values():
             fh.close()
-        for sink in self.sinks.values():
+        for stream in self.written:  # (a flush of the kernel's stream is a round trip to its IOPub thread)
             try:
-                sink.flush()
+                self.sinks[stream].flush()
             except Exception:
                 pass
 
@@ -204,6 +209,7 @@ class RankOutputRouter:
     def _write(self, stream: str, text: str) -> None:
         """Write, flushing at line boundaries so that no single output message exceeds MAX_MESSAGE_BYTES."""
         sink = self.sinks[stream]
+        self.written.add(stream)
         if self.unflushed + len(text) <= MAX_MESSAGE_BYTES:
             sink.write(text)
             self.unflushed += len(text)

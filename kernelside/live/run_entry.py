@@ -44,6 +44,7 @@ PANEL_STOPPED = (
     "and nothing is left running."
 )
 NEXT_CELL = "The next %%distributed cell runs one-shot; start a new live session with %distributed_start."
+SHOW_RUNNING_AFTER_S = 0.25  # a request shorter than this goes from idle to idle in state.json (one write)
 STOP_REPLY = "stopping the live session: its ranks get SIGTERM now, SIGKILL after a short grace"
 
 
@@ -66,20 +67,28 @@ class LiveRunEntry(RunTracker):
         self.stop_asked = threading.Event()
         self.cells = 0
         self.engine = None  # the request running now (a LiveRunEngine), None between requests
+        self.begun = 0.0  # when it started (time.monotonic())
         self.last_cell: str | None = None  # the last cell's outcome: ok, failed, interrupted...
         self.ended = False
+        self._pending: dict | None = None  # a snapshot for the thread to write (``_write(later=True)``)
+        self._wake_w = -1  # (the thread's wake pipe, while it serves)
         self._write("starting")
         self.thread = None
         if self.channel is not None:
             self._quit_r, self._quit_w = _pipe()
+            self._wake_r, self._wake_w = _pipe()
             self.thread = threading.Thread(target=self._serve, name="nblaunch-live-control", daemon=True)
             self.thread.start()
 
     # -- what the session tells ------------------------------------------------------------
     def begin(self, engine) -> None:
-        """A request starts on the ranks (main thread, holding the session's life lock)."""
+        """A request starts on the ranks (main thread, holding the session's life lock). A cell is written as
+        ``running`` only once it has run ``SHOW_RUNNING_AFTER_S`` (``tick``): most cells are over sooner, and
+        a view polling the file would not have seen the state anyway."""
         self.engine = engine
-        self._write("starting" if engine.req_id == 0 else "running")
+        self.begun = time.monotonic()
+        if engine.req_id == 0:
+            self._write("starting")
 
     def tick(self, report) -> None:
         """The recorder's tick during a request: a Stop asked from the panel becomes the cell's Stop here."""
@@ -87,7 +96,10 @@ class LiveRunEntry(RunTracker):
         if self.stop_asked.is_set() and rec is not None and not rec.stopping:
             if rec.stop_requested():
                 rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
-        self._write("starting" if self.engine is None or self.engine.req_id == 0 else "running", throttle=True)
+        if self.engine is None or self.engine.req_id == 0:
+            self._write("starting", throttle=True)
+        elif time.monotonic() - self.begun >= SHOW_RUNNING_AFTER_S:
+            self._write("running", throttle=True)
 
     def end(self, engine, report, is_cell: bool) -> None:
         """The request is over (whatever its outcome): back to idle, or the end if the world is gone."""
@@ -96,7 +108,7 @@ class LiveRunEntry(RunTracker):
             self.cells += 1
             self.last_cell = report.outcome if report is not None else None
         if not self.ended and not self.stop_asked.is_set():  # (stopped: the final state follows at once)
-            self._write("idle")
+            self._write("idle", later=True)
 
     def restarted(self) -> None:
         """New processes (same flags): the entry shows their pids at once."""
@@ -121,10 +133,14 @@ class LiveRunEntry(RunTracker):
         try:
             self.channel.register(sel, self._on_stop, self._stack_targets)
             sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
+            sel.register(self._wake_r, selectors.EVENT_READ, (None, "write"))
             while not self.ended:
                 for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
                     if key.data[1] == "quit":
                         return
+                    if key.data[1] == "write":
+                        self._write_pending()
+                        continue
                     if key.fd in sel.get_map():
                         key.data[0].on_ready(key.fd)
                 if self.stop_asked.is_set() and not self.ended:
@@ -132,6 +148,20 @@ class LiveRunEntry(RunTracker):
         finally:
             sel.close()
             _close(self._quit_r, self._quit_w)
+            with self.write_lock:  # (a write asked later now is written at once: no byte into a reused fd)
+                _close(self._wake_r, self._wake_w)
+                self._wake_w = -1
+
+    def _write_pending(self) -> None:
+        try:
+            while os.read(self._wake_r, 64):
+                pass
+        except OSError:  # (BlockingIOError: drained)
+            pass
+        with self.write_lock:
+            snap, self._pending = self._pending, None
+            if snap is not None:
+                self.writer.write(snap)
 
     def _stack_targets(self) -> list:
         """The live ranks to ask for stacks, between cells too; none while the world is being replaced."""
@@ -161,7 +191,9 @@ class LiveRunEntry(RunTracker):
             self.session.life.release()
 
     # -- the state file --------------------------------------------------------------------
-    def _write(self, state: str, *, throttle: bool = False, final: bool = False, error=None) -> None:
+    def _write(self, state: str, *, throttle: bool = False, final: bool = False, error=None, later=False) -> None:
+        """Write ``state.json`` now, or (``later``) let the Stop channel's thread write it: the file's rename
+        is a journal write that the end of a quick cell need not wait for. Either way in the order asked."""
         with self.write_lock:
             w = self.writer
             now = time.monotonic()
@@ -169,7 +201,13 @@ class LiveRunEntry(RunTracker):
             if throttle and key == w.last_key and now - w.last_write < 0.25:
                 return
             w.last_key, w.last_write = key, now
-            w.write(self.snapshot(state, final=final, error=error))  # a disk error costs the view, not the session
+            snap = self.snapshot(state, final=final, error=error)
+            if later and self._wake_w >= 0:
+                self._pending = snap
+                _write_byte(self._wake_w)
+                return
+            self._pending = None  # (superseded)
+            w.write(snap)  # a disk error costs the view, not the session
 
     def _engine_key(self):
         rec = getattr(self.engine, "recorder", None)
