@@ -5,6 +5,8 @@ kernel with real ranks."""
 from __future__ import annotations
 
 import json
+import queue
+import re
 import time
 from pathlib import Path
 
@@ -55,6 +57,20 @@ def wait_state(run_dir: Path, wanted: str, timeout: float = 30.0) -> tuple[dict,
             return s, time.monotonic()
         time.sleep(0.01)
     raise AssertionError(f"{run_dir.name} never said {wanted!r}; last: {s['state']}")
+
+
+def start_cell_update(kernel, timeout: float) -> str:
+    """The next status-line text a widget update carries on iopub, whichever request it belongs to."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=max(0.05, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        value = msg["content"].get("data", {}).get("state", {}).get("value")
+        if msg["msg_type"] == "comm_msg" and isinstance(value, str) and "<b>nblaunch" in value:
+            return re.sub(r"<[^>]+>", "", value)
+    raise AssertionError(f"no status-line update within {timeout}s")
 
 
 def error_text(cell) -> str:
@@ -121,6 +137,8 @@ def test_stop_between_cells_ends_the_session_within_2s_leaving_nothing_and_the_n
     assert_all_gone(s)
     assert "stopped from the launch panel" in s["root_cause"]
     assert not (run_dir / CONTROL_SOCKET).exists()
+    # the start cell's status line says so at once, though no cell runs (the kernel's loop draws it)
+    assert "session stopped from the launch panel; nothing is left running" in start_cell_update(kernel, timeout=10)
     assert kernel.run(KERNEL_FDS).ok().stdout == fds_before  # no pipe, socket, epoll or pidfd left in the kernel
 
     refused = kernel.run("%%distributed\nprint('ran on', rank)")

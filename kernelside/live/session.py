@@ -159,11 +159,10 @@ class LiveSession:
         if forget and registry.current() is self:
             registry.set_current(None)
         display, self.start_display = self.start_display, None
-        # (only from the kernel's main thread: a widget message sent from the panel's Stop thread would open
-        # sockets of that thread in the kernel, which outlive it)
-        if display is not None and threading.current_thread() is threading.main_thread():
+        if display is not None:
             how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
-            display.session_ended(f"session stopped {how}".rstrip() + "; nothing is left running")
+            text = f"session stopped {how}".rstrip() + "; nothing is left running"
+            _in_kernel_thread(functools.partial(display.session_ended, text))
 
     def restart_world(self) -> None:
         """Called when the world cannot go on: the old ranks are gone at once, new ones start."""
@@ -386,3 +385,17 @@ def _rss(pid: int) -> int | None:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except OSError:
         return None
+
+
+def _in_kernel_thread(fn) -> None:
+    """Call ``fn`` (a widget update) in the kernel's main thread: now, or from the panel's Stop thread on the
+    kernel's event loop, which runs it between cells at once. (A widget message sent from that thread itself
+    would open sockets of the thread in the kernel, which outlive it.) Without a kernel loop, nothing shows
+    widgets: nothing to do."""
+    if threading.current_thread() is threading.main_thread():
+        fn()
+        return
+    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
+    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
+    if loop is not None:
+        loop.add_callback(fn)
