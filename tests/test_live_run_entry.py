@@ -150,26 +150,44 @@ def test_stop_between_cells_ends_the_session_within_2s_leaving_nothing_and_the_n
     assert state(run_dir)["state"] == "stopped"
 
 
-def test_stop_during_a_long_cell_raises_the_panel_error_in_that_cell_and_ends_the_session(kernel, logs):
+def test_stop_during_a_cell_stops_that_cell_like_an_interrupt_and_every_rank_keeps_its_state(kernel, logs):
     cfg, logs = logs
     kernel.run(f"%distributed_start -n 2 --config {cfg}").ok()
+    kernel.run("%%distributed\nheld = rank + 7").ok()
     (run_dir,) = runs(logs)
+    pids = [r["pid"] for r in state(run_dir)["ranks"]]
     sent = {}
 
     def on_output(kind, content):
-        if "sleeping" in content.get("text", "") and not sent:
+        if "waiting" in content.get("text", "") and not sent:
             sent["t"] = time.monotonic()
             sent["reply"] = send_stop(run_dir)
 
-    cell = kernel.run("%%distributed\nprint('sleeping', flush=True)\ntime.sleep(60)", timeout=60, on_output=on_output)
+    # rank 0 waits in gloo's C++ barrier for rank 1, which sleeps: the group is unblocked and rebuilt
+    cell = kernel.run(
+        "%%distributed\nimport torch.distributed as dist\nprint('waiting', flush=True)\n"
+        "if rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)",
+        timeout=60,
+        on_output=on_output,
+    )
     returned_after = time.monotonic() - sent["t"]
-    assert sent["reply"]["ok"] is True
+    assert sent["reply"]["ok"] is True and "stopping the running cell" in sent["reply"]["message"]
     assert cell.error is not None and cell.error["ename"] == "LaunchStoppedError"
     text = error_text(cell)
-    assert "stopped from the launch panel" in text and "the live session was stopped from the launch panel" in text
+    assert "the cell was stopped from the launch panel" in text and "every rank kept its state" in text, text
+    assert "rank 0 in barrier" in text or "waiting in barrier" in text, text
+    assert "live session was stopped" not in text and "restarted" not in text
     assert returned_after < 4.0, f"the cell returned {returned_after:.2f}s after Stop (loaded machine: 4 s allowed)"
-    s = state(run_dir)
-    assert s["state"] == "stopped"
+    s = wait_state(run_dir, "idle", timeout=5)[0]
+    assert s["last_cell"] == "stopped" and [r["pid"] for r in s["ranks"]] == pids
+    after = kernel.run(
+        "%%distributed --return-from all --return h\nimport torch\nt = torch.ones(1)\n"
+        "dist.all_reduce(t)\nh = (held, t.item())"
+    )
+    assert after.ok() and kernel.run("print(h)").ok().stdout.strip() == "[(7, 2.0), (8, 2.0)]"
+
+    # Stop again, now between cells: the session ends
+    assert "stopping the live session" in send_stop(run_dir)["message"]
+    s = wait_state(run_dir, "stopped", timeout=10)[0]
     assert_all_gone(s)
-    assert kernel.run("from kernelside.live import session\nprint(session.current())").ok().stdout.strip() == "None"
     assert not (run_dir / CONTROL_SOCKET).exists()

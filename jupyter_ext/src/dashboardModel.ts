@@ -54,6 +54,9 @@ export interface IDashboardModel {
   state: string;
   live: boolean;
   canStop: boolean;
+  /** The Stop button's label and hover text: a live session's Stop stops its running cell, or ends it. */
+  stopLabel: string;
+  stopTitle: string;
   /** The notebook's path as the server's file browser names it, or null (a script, an unknown kernel). */
   notebook: string | null;
   cell: number | null;
@@ -118,6 +121,7 @@ export function makeDashboardModel(detail: IRunDetail): IDashboardModel {
     state: detail.state,
     live: detail.live,
     canStop: detail.can_stop,
+    ...stopButton(detail),
     notebook: detail.notebook,
     cell: detail.cell ?? null,
     facts,
@@ -249,4 +253,29 @@ function startedText(seconds: number | null): string {
     .map(n => String(n).padStart(2, '0'))
     .join('-');
   return `${day} ${clock(seconds)}`;
+}
+
+/** What Stop does to this run, in the words of its button: a live session's Stop stops the running
+ * cell (every rank keeps its state) and, between cells, ends the session. */
+export function stopButton(detail: { session?: boolean; state: string }): {
+  stopLabel: string;
+  stopTitle: string;
+} {
+  if (!detail.session) {
+    return {
+      stopLabel: 'Stop',
+      stopTitle: 'Stop this run: every rank is stopped, and the cell that runs it raises an error'
+    };
+  }
+  if (detail.state === 'running') {
+    return {
+      stopLabel: 'Stop cell',
+      stopTitle:
+        'Stop the running cell, as ■ does: every rank comes back to idle with its state, and the cell raises an error'
+    };
+  }
+  return {
+    stopLabel: 'End session',
+    stopTitle: 'End this live session: every rank is stopped and the state they hold is gone'
+  };
 }

@@ -121,6 +121,8 @@ class DashboardContent extends Widget {
     this._outcome.hidden = !model.outcome;
     this._stop.hidden = !model.live;
     this._stop.disabled = !model.canStop;
+    setText(this._stop, model.stopLabel);
+    this._stop.title = model.stopTitle;
     this._stacksButton.hidden = !model.canStop;
     const stacks = this._runs.stacks.get(this.runId);
     this._stacks.hidden = stacks === undefined || !model.live;

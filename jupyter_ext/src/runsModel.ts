@@ -92,8 +92,9 @@ export class RunsModel {
       return;
     }
     for (const run of this.runs) {
-      if (!run.live && this.notes.get(run.id)?.startsWith(STOPPING)) {
-        this.notes.delete(run.id); // its state says "stopped" now; a refusal's reason stays
+      const stopped = !run.live || (run.session && run.state !== 'running'); // (a session's stopped cell)
+      if (stopped && this.notes.get(run.id)?.startsWith(STOPPING)) {
+        this.notes.delete(run.id); // its state says "stopped" (or "idle") now; a refusal's reason stays
       }
     }
     const listed = new Set(this.runs.map(run => run.id));

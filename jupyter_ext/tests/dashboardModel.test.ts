@@ -1,4 +1,10 @@
-import { logTabTitle, makeDashboardModel, runName, sparkPath } from '../src/dashboardModel';
+import {
+  logTabTitle,
+  makeDashboardModel,
+  runName,
+  sparkPath,
+  stopButton
+} from '../src/dashboardModel';
 import { IRunDetail } from '../src/types';
 
 /** 2025-01-01 15:23:01 in the local time zone, as the server's `started` (wall seconds). */
@@ -161,5 +167,20 @@ describe('sparkPath', () => {
 
   it('draws nothing with fewer than two samples', () => {
     expect(sparkPath([0], [5], 10)).toBe('');
+  });
+});
+
+describe('stopButton', () => {
+  it("says what Stop does: the run; a live session's running cell; between cells, the session", () => {
+    expect(stopButton({ state: 'running' }).stopLabel).toBe('Stop');
+    const cell = stopButton({ session: true, state: 'running' });
+    expect(cell.stopLabel).toBe('Stop cell');
+    expect(cell.stopTitle).toContain('every rank comes back to idle with its state');
+    const session = stopButton({ session: true, state: 'idle' });
+    expect(session.stopLabel).toBe('End session');
+    expect(session.stopTitle).toContain('state they hold is gone');
+    expect(makeDashboardModel(detail({ session: true, state: 'idle' })).stopLabel).toBe(
+      'End session'
+    );
   });
 });

@@ -169,6 +169,20 @@ describe('RunsModel', () => {
     expect(model.notes.get('run-20250101-000001-a')).toBe('Stopping…');
   });
 
+  it('clears a live session\'s "Stopping…" once its stopped cell is back to idle', async () => {
+    const server = new InMemoryServer();
+    server.runs = [summary('run-20250101-000001-a', { session: true, state: 'running' })];
+    server.stop = async id => ({ id, stopping: true, message: 'stopping the running cell' });
+    const model = new RunsModel(server);
+    await model.refresh();
+    await model.stop('run-20250101-000001-a');
+    expect(model.notes.get('run-20250101-000001-a')).toBe('Stopping…'); // the cell still runs
+    server.runs = [summary('run-20250101-000001-a', { session: true, state: 'idle' })];
+    await model.refresh();
+    expect(model.run('run-20250101-000001-a')?.live).toBe(true); // the session goes on
+    expect(model.notes.has('run-20250101-000001-a')).toBe(false);
+  });
+
   it('forgets a watched run whose folder is gone and reports a failed list', async () => {
     const server = new InMemoryServer();
     server.runs = [summary('run-20250101-000001-a')];

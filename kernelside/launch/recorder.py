@@ -196,16 +196,17 @@ class RunRecorder:
         if not self.report.failures:
             self._fail(Failure(rank=None, kind="exit", t=self.now(), message=message))
 
-    def stop_requested(self) -> bool:
+    def stop_requested(self, message: str = STOPPED_MESSAGE, grace_s: float | None = STOP_GRACE_S) -> bool:
         """The launch panel's Stop (over the run's control channel); True if the run is stopping now.
 
-        Stopping goes the failure path, with a shorter grace before SIGKILL so the run ends within 2 s.
+        Stopping goes the failure path, with a shorter grace before SIGKILL so the run ends within 2 s
+        (``grace_s``; None: the engine's own, as a live cell's ranks come back to idle in theirs).
         """
         if self.stopping:
             return False
-        self.grace_s = STOP_GRACE_S
+        self.grace_s = grace_s
         self._note_where()
-        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=STOPPED_MESSAGE), outcome="stopped")
+        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=message), outcome="stopped")
         return True
 
     def _note_where(self) -> None:

@@ -80,7 +80,8 @@ class RunControl:
         return cls(run_dir, listener)
 
     def register(self, sel: selectors.BaseSelector, on_stop, on_stacks=None) -> None:
-        """Serve requests from ``sel``'s loop; ``on_stop()`` returns True if it began stopping the run;
+        """Serve requests from ``sel``'s loop; ``on_stop()`` returns True (or the reply's text) if it began
+        stopping the run;
         ``on_stacks()`` returns the ranks to ask for stacks, [(rank, pid, how it ended or None)]."""
         self.sel, self.on_stop, self.on_stacks = sel, on_stop, on_stacks
         sel.register(self.listener, selectors.EVENT_READ, (self, "control"))
@@ -139,8 +140,9 @@ class RunControl:
         if op == "ping":
             return {"ok": True, "message": "the run is live"}
         if op == "stop":
-            if self.on_stop():
-                return {"ok": True, "message": self.stopping_message}
+            began = self.on_stop()
+            if began:  # (a live session says what it stops: the running cell, or the session)
+                return {"ok": True, "message": began if isinstance(began, str) else self.stopping_message}
             return {"ok": True, "message": "the run is already stopping"}
         return {"ok": False, "message": f"unknown op {op!r}: allowed are 'stop', 'stacks' and 'ping'"}
 

@@ -2,16 +2,18 @@
 
 The session's run folder (the one its rank logs are in, locked while the session lives) holds a
 ``state.json`` written by ``LiveRunEntry``: state ``starting`` → ``idle`` between cells,
-``running`` during one, and at the end ``done`` (``%distributed_stop``), ``stopped`` (Stop from
-the panel) or ``failed`` (the ranks never came up); the count of cells run, and every rank with
-its pid and pid start time (the server's identity check before it samples a pid), ``idle`` /
-``busy`` / ``dead``. A restart gives new pids and the entry says so at once.
+``running`` during one (after its first ``SHOW_RUNNING_AFTER_S``), and at the end ``done``
+(``%distributed_stop``), ``stopped`` (Stop from the panel between cells) or ``failed`` (the ranks
+never came up); the count of cells run, and every rank with its pid and pid start time (the
+server's identity check before it samples a pid), ``idle`` / ``busy`` / ``dead``. A restart
+gives new pids and the entry says so at once.
 
 Stop comes over the run's ``control.sock`` (``launch.run_control``), served by a small daemon
 thread of the session, so it answers between cells too, when nothing runs in the kernel's main
 thread. The thread never touches the ranks while a cell runs: it only raises a flag, which the
-cell's kernel loop (the recorder's ``tick``, in the main thread) turns into the one-shot Stop —
-the cell raises ``LaunchStoppedError`` — after which the cell path stops the session. Between
+cell's kernel loop (the recorder's ``tick``, in the main thread) turns into that cell's Stop, the
+way ■ stops it: every rank comes back to idle with its state (its group rebuilt if one waited in a
+collective), the cell raises ``LaunchStoppedError``, and the session goes on. Between
 cells the thread takes the session's life lock (``LiveSession.life``: every main-thread request
 holds it, so no cell can start meanwhile) and stops the session itself; the next
 ``%%distributed`` cell then refuses once, saying the session was stopped from the panel, and
@@ -44,6 +46,10 @@ PANEL_STOPPED = (
     "and nothing is left running."
 )
 NEXT_CELL = "The next %%distributed cell runs one-shot; start a new live session with %distributed_start."
+CELL_STOPPED = "the cell was stopped from the launch panel (Stop)"
+CELL_STOP_REPLY = (
+    "stopping the running cell: every rank comes back to idle with its state; Stop between cells ends the live session"
+)
 SHOW_RUNNING_AFTER_S = 0.25  # a request shorter than this goes from idle to idle in state.json (one write)
 STOP_REPLY = "stopping the live session: its ranks get SIGTERM now, SIGKILL after a short grace"
 
@@ -64,7 +70,8 @@ class LiveRunEntry(RunTracker):
             self.channel.stopping_message = STOP_REPLY
         super().__init__(RunStateWriter(session.log_dir, engine=ENGINE, has_control=self.channel is not None), None)
         self.write_lock = threading.Lock()  # the daemon thread and the main thread both write
-        self.stop_asked = threading.Event()
+        self.stop_asked = threading.Event()  # Stop between cells: the session ends
+        self.cell_stop = threading.Event()  # Stop during a cell: that cell stops, every rank keeps its state
         self.cells = 0
         self.engine = None  # the request running now (a LiveRunEngine), None between requests
         self.begun = 0.0  # when it started (time.monotonic())
@@ -87,15 +94,19 @@ class LiveRunEntry(RunTracker):
         a view polling the file would not have seen the state anyway."""
         self.engine = engine
         self.begun = time.monotonic()
+        self.cell_stop.clear()  # (a Stop that came as the request before ended: that one is over)
         if engine.req_id == 0:
             self._write("starting")
 
     def tick(self, report) -> None:
         """The recorder's tick during a request: a Stop asked from the panel becomes the cell's Stop here."""
         rec = getattr(self.engine, "recorder", None)
-        if self.stop_asked.is_set() and rec is not None and not rec.stopping:
-            if rec.stop_requested():
-                rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
+        if rec is not None and not rec.stopping:
+            if self.stop_asked.is_set():  # (it came as this request began: the session ends after it)
+                if rec.stop_requested():
+                    rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
+            elif self.cell_stop.is_set():  # the cell stops as after ■: every rank back to idle, state kept
+                rec.stop_requested(CELL_STOPPED, grace_s=None)
         if self.engine is None or self.engine.req_id == 0:
             self._write("starting", throttle=True)
         elif time.monotonic() - self.begun >= SHOW_RUNNING_AFTER_S:
@@ -171,11 +182,18 @@ class LiveRunEntry(RunTracker):
             return []
         return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
-    def _on_stop(self) -> bool:
-        """From the control socket: True if this Stop began stopping the session."""
+    def _on_stop(self) -> bool | str:
+        """From the control socket: during a cell, stop that cell (the reply says so); between cells, the
+        session (True). False: a stop is under way already."""
         if self.stop_asked.is_set() or self.ended:
             return False
-        self.stop_asked.set()  # first: a cell running now (or starting) sees it at its next loop turn
+        engine = self.engine
+        if engine is not None and engine.req_id != 0:  # the main thread's tick turns it into the cell's Stop
+            if self.cell_stop.is_set():
+                return False
+            self.cell_stop.set()
+            return CELL_STOP_REPLY
+        self.stop_asked.set()  # first: a request starting now sees it at its next loop turn
         return True
 
     def _stop_between_cells(self) -> None:
