@@ -191,3 +191,21 @@ def test_a_group_the_user_made_with_new_group_is_named_after_the_rebuild_with_wh
     assert "every rank kept its state" in text
     assert "sub still hold(s) a process group made before the rebuild" in text and "dist.new_group(...)" in text
     _assert_state_and_step_in_sync(three, 3)
+    # the same after ■ with ranks in a collective: the short interrupt error names it too
+    three.run("%%distributed\nsub = dist.new_group([0, 1, 2])").ok()
+    sent = {}
+
+    def on_output(kind, content):
+        if "waiting" in content.get("text", "") and not sent:
+            sent["t"] = True
+            three.interrupt()
+
+    cell = three.run(
+        "%%distributed\nprint('waiting', flush=True)\nif rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)",
+        timeout=60,
+        on_output=on_output,
+    )
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+    assert "every rank stopped the cell and kept its state" in cell.error["evalue"]
+    assert "sub still hold(s) a process group made before the rebuild" in cell.error["evalue"]
+    _assert_state_and_step_in_sync(three, 3)

@@ -113,7 +113,11 @@ class LiveRunEngine(Engine):
         where = self._where_lines()
         if where:
             self.session.err.write("nblaunch: " + "; ".join(where) + "\n")
-        return CellInterrupted("every rank stopped the cell and kept its state" if back else "the cell was interrupted")
+        if not back:
+            return CellInterrupted("the cell was interrupted")
+        # what still holds the old group after a rebuild (a new_group, FSDP) fails at its next use: said here
+        after = "".join(f"\nnblaunch: after the rebuild, {n}." for n in self.rebuild_notes if self.rebuilt is not None)
+        return CellInterrupted("every rank stopped the cell and kept its state" + after)
 
     def close(self, grace: float, recorder) -> None:
         """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
