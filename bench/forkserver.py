@@ -164,8 +164,8 @@ def main() -> int:
             flags=f" --before {a.before}" if a.before else "",
         ),
         "",
-        f"Load average {load0[0]:.1f} before and {load1[0]:.1f} after: this 2-core machine was shared with "
-        "7 other engineers' builds and tests during the run.",
+        f"Load average {load0[0]:.1f} before and {load1[0]:.1f} after, on {os.cpu_count()} cores (anything "
+        "else running on the machine counts in it).",
         "",
         "One-shot `%%distributed -n N --start-method M` of `x = rank`, end to end as the notebook sees the cell:",
         "",

@@ -94,6 +94,13 @@ class RunDisplay:
         self.chart = w.HTML(value="", layout=w.Layout(width="100%"))  # the chart follows the cell's width
         self.metrics_chart = MetricsChart()  # reads only the points that arrived since the last redraw
         self.box = w.VBox([self.status, self.bars_box, self.chart])
+        # (the launch panel's stylesheet marks a reopened notebook's stale widgets once, on the status line)
+        for widget, cls in (
+            (self.box, "nblaunch-run-box"),
+            (self.bars_box, "nblaunch-bars"),
+            (self.chart, "nblaunch-chart-box"),
+        ):
+            widget.add_class(cls)
         self.bars: dict[tuple[int, int], dict] = {}  # (rank, bar id) -> {"state", "widget", "dirty"}
         self.dirty = False
         self.chart_dirty = False

@@ -33,6 +33,9 @@ class RankOutputTabs:
         self.dirty: set[int] = set()
         self.pages = [w.HTML(value=_PRE + "</pre>") for _ in range(world_size)]
         self.widget = w.Tab(children=self.pages, selected_index=0, layout=w.Layout(width="100%"))
+        self.widget.add_class("nblaunch-rank-tabs")
+        for page in self.pages:
+            page.add_class("nblaunch-rank-page")
         for r in range(world_size):
             self.widget.set_title(r, f"rank {r}")
         self.last_draw = 0.0

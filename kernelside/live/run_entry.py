@@ -50,6 +50,7 @@ CELL_STOPPED = "the cell was stopped from the launch panel (Stop)"
 CELL_STOP_REPLY = (
     "stopping the running cell: every rank comes back to idle with its state; Stop between cells ends the live session"
 )
+PENDING_WRITE_S = 0.25  # the idle state after a cell is in state.json this long after the cell at most
 SHOW_RUNNING_AFTER_S = 0.25  # a request shorter than this goes from idle to idle in state.json (one write)
 STOP_REPLY = "stopping the live session: its ranks get SIGTERM now, SIGKILL after a short grace"
 
@@ -78,12 +79,10 @@ class LiveRunEntry(RunTracker):
         self.last_cell: str | None = None  # the last cell's outcome: ok, failed, interrupted...
         self.ended = False
         self._pending: dict | None = None  # a snapshot for the thread to write (``_write(later=True)``)
-        self._wake_w = -1  # (the thread's wake pipe, while it serves)
         self._write("starting")
         self.thread = None
         if self.channel is not None:
             self._quit_r, self._quit_w = _pipe()
-            self._wake_r, self._wake_w = _pipe()
             self.thread = threading.Thread(target=self._serve, name="nblaunch-live-control", daemon=True)
             self.thread.start()
 
@@ -119,7 +118,7 @@ class LiveRunEntry(RunTracker):
             self.cells += 1
             self.last_cell = report.outcome if report is not None else None
         if not self.ended and not self.stop_asked.is_set():  # (stopped: the final state follows at once)
-            self._write("idle", later=True)
+            self._write("idle", later=engine.req_id != 0)  # (the start's own end: at once, ready means idle)
 
     def restarted(self) -> None:
         """New processes (same flags): the entry shows their pids at once."""
@@ -144,31 +143,22 @@ class LiveRunEntry(RunTracker):
         try:
             self.channel.register(sel, self._on_stop, self._stack_targets)
             sel.register(self._quit_r, selectors.EVENT_READ, (None, "quit"))
-            sel.register(self._wake_r, selectors.EVENT_READ, (None, "write"))
             while not self.ended:
-                for key, _ in sel.select(0.05 if self.stop_asked.is_set() else 0.5):
+                for key, _ in sel.select(0.05 if self.stop_asked.is_set() else PENDING_WRITE_S):
                     if key.data[1] == "quit":
                         return
-                    if key.data[1] == "write":
-                        self._write_pending()
-                        continue
                     if key.fd in sel.get_map():
                         key.data[0].on_ready(key.fd)
+                self._write_pending()
                 if self.stop_asked.is_set() and not self.ended:
                     self._stop_between_cells()
         finally:
             sel.close()
             _close(self._quit_r, self._quit_w)
-            with self.write_lock:  # (a write asked later now is written at once: no byte into a reused fd)
-                _close(self._wake_r, self._wake_w)
-                self._wake_w = -1
 
     def _write_pending(self) -> None:
-        try:
-            while os.read(self._wake_r, 64):
-                pass
-        except OSError:  # (BlockingIOError: drained)
-            pass
+        if self._pending is None:
+            return
         with self.write_lock:
             snap, self._pending = self._pending, None
             if snap is not None:
@@ -210,8 +200,9 @@ class LiveRunEntry(RunTracker):
 
     # -- the state file --------------------------------------------------------------------
     def _write(self, state: str, *, throttle: bool = False, final: bool = False, error=None, later=False) -> None:
-        """Write ``state.json`` now, or (``later``) let the Stop channel's thread write it: the file's rename
-        is a journal write that the end of a quick cell need not wait for. Either way in the order asked."""
+        """Write ``state.json`` now, or (``later``) let the Stop channel's thread write it within
+        ``PENDING_WRITE_S``: the file's rename is a journal write that the end of a quick cell need not wait
+        for. Either way in the order asked (a write now supersedes one pending)."""
         with self.write_lock:
             w = self.writer
             now = time.monotonic()
@@ -220,9 +211,8 @@ class LiveRunEntry(RunTracker):
                 return
             w.last_key, w.last_write = key, now
             snap = self.snapshot(state, final=final, error=error)
-            if later and self._wake_w >= 0:
-                self._pending = snap
-                _write_byte(self._wake_w)
+            if later and self.thread is not None and self.thread.is_alive():
+                self._pending = snap  # (no wake-up: waking a thread costs a quick cell more than the write)
                 return
             self._pending = None  # (superseded)
             w.write(snap)  # a disk error costs the view, not the session

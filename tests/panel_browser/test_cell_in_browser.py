@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+import urllib.request
 
 from playwright.sync_api import expect
 
@@ -47,6 +48,18 @@ def _notebook(path, cells: list[str]) -> None:
             }
         )
     )
+
+
+def _shut_down_kernels(lab_server) -> None:
+    """End every session of the server (and its kernel), as closing the notebook and shutting down its kernel
+    does, through the server's REST API."""
+    base = f"{lab_server.url}/api/sessions"
+    headers = {"Authorization": f"token {lab_server.token}"}
+    with urllib.request.urlopen(urllib.request.Request(base, headers=headers), timeout=30) as reply:
+        sessions = json.load(reply)
+    for session in sessions:
+        request = urllib.request.Request(f"{base}/{session['id']}", method="DELETE", headers=headers)
+        urllib.request.urlopen(request, timeout=30).close()
 
 
 def _run_cell(page, index: int) -> None:
@@ -179,6 +192,17 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
             break
         page.wait_for_timeout(100)
     assert saved_tab() == 1
+
+    # reopened with a new kernel (the widgets come from the notebook file's saved state): rank 1's tab is shown
+    _shut_down_kernels(lab_server)
+    page.goto(lab_server.page_url("lab/tree/train.ipynb") + "&reset")
+    every = page.locator(".jp-NotebookPanel .jp-Cell").nth(7)
+    shown = every.locator(".widget-tab .widget-html-content:visible")
+    expect(shown).to_contain_text("hello 2 from rank 1")
+    expect(shown).not_to_contain_text("from rank 0")
+    expect(every.get_by_role("tab", name="rank 1")).to_have_attribute("aria-selected", "true")
+    every.scroll_into_view_if_needed()
+    snapshot(every, "cell-output-all-tabs-reopened.png")
 
     # With comms over subshells disabled in JupyterLab's settings, nblaunch's first widgets leave it Busy.
     settings = lab_server.root.parent / "settings" / "@jupyterlab" / "apputils-extension"
