@@ -39,6 +39,17 @@ def test_destroy_takes_down_a_users_own_group_but_leaves_the_default_one_working
     assert notebook_launcher(destroy_a_group_of_its_own, num_processes=2, timeout=60) == (4.0, True, True)
 
 
+GROUP_TIMEOUTS = (
+    "%%distributed -n 2\nimport datetime, torch, torch.distributed as dist\n"
+    "from kernelside.worker.live_rescue import group_timeout\n"
+    "before = group_timeout(dist.distributed_c10d._get_default_group())\n"
+    "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=42))  # code written for torchrun\n"
+    "after = group_timeout(dist.distributed_c10d._get_default_group())\n"
+    "t = torch.ones(1)\ndist.all_reduce(t)\n"
+    "(before.total_seconds(), after.total_seconds(), t.item())"
+)
+
+
 @pytest.fixture(scope="module")
 def kernel(tmp_path_factory):
     k = Kernel(cwd=str(tmp_path_factory.mktemp("group_owner")))
@@ -65,3 +76,9 @@ def test_a_live_cell_after_end_training_has_a_working_default_group(kernel):
         assert cell.result["text/plain"] == "(2.0, 2, 2)"
     finally:
         kernel.run("%distributed_stop").ok()
+
+
+def test_the_group_waits_two_hours_in_a_collective_unless_the_users_init_says_otherwise(kernel):
+    # a person may debug one rank while its peers wait: torch's 10 min (NCCL) / 30 min (gloo) would end them
+    cell = kernel.run(GROUP_TIMEOUTS, timeout=60).ok()
+    assert cell.result["text/plain"] == "(7200.0, 42.0, 2.0)"

@@ -184,6 +184,20 @@ def test_debug_after_a_failed_live_cell_opens_the_failing_ranks_frame_in_the_cel
     assert [r["prompt"] for r in plain.input_requests] == ["ipdb> "]
 
 
+def test_the_rebuilt_group_keeps_the_collective_timeout_the_users_code_gave(three):
+    three.run(
+        "%%distributed\nimport datetime\nfrom kernelside.worker.live_rescue import group_timeout\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=42))"
+    ).ok()
+    cell = three.run("%%distributed\nif rank == 0:\n    time.sleep(1); raise ValueError('x')\ndist.barrier()")
+    assert "the process group was rebuilt" in _text(cell)
+    after = three.run(
+        "%%distributed --return-from all --return s\ns = group_timeout(dist.distributed_c10d._get_default_group())"
+    ).ok()
+    assert three.run("print([t.total_seconds() for t in s])").ok().stdout.strip() == "[42.0, 42.0, 42.0]", after
+    three.run("%%distributed\ndist.init_process_group('gloo', timeout=datetime.timedelta(hours=2))").ok()
+
+
 def test_a_group_the_user_made_with_new_group_is_named_after_the_rebuild_with_what_to_do(three):
     three.run("%%distributed\nsub = dist.new_group([0, 1, 2])").ok()
     cell = three.run("%%distributed\nif rank == 0:\n    time.sleep(1); raise ValueError('x')\ndist.barrier()")

@@ -46,8 +46,9 @@ dist.barrier()
 def test_torch_distributed_breakpoint_on_rank_1_holds_every_rank_and_restores_the_timeout(kernel):
     cell = kernel.run(
         """%%distributed -n 2
-import torch, torch.distributed as dist
+import datetime, torch, torch.distributed as dist
 timeout = lambda: str(dist.distributed_c10d._get_default_group()._get_backend(torch.device("cpu")).options._timeout)
+dist.init_process_group("gloo", timeout=datetime.timedelta(minutes=5))  # (nblaunch's own is 2 h: never lowered)
 before = timeout()
 secret = 7 * rank
 dist.breakpoint(rank=1)
@@ -62,7 +63,7 @@ dist.all_reduce(t)
     lines = cell.stdout.splitlines()
     assert "7" in lines  # rank 1's own frame: no `up` needed
     assert "'1:00:00'" in lines  # while the debugger is open, the group waits an hour
-    assert cell.result["text/plain"] == "('0:30:00', '0:30:00', 2.0)"  # and after it, what it was
+    assert cell.result["text/plain"] == "('0:05:00', '0:05:00', 2.0)"  # and after it, what it was
 
 
 def test_two_ranks_stopping_at_once_are_served_one_prompt_at_a_time_each_labelled(kernel):

@@ -16,6 +16,15 @@ default group in this rank:
 A group the user made (``new_group``) is still destroyed as asked, but the object is kept
 referenced until the process ends, for the same reason.
 
+The default group's collective timeout is ``GROUP_TIMEOUT`` (2 hours), not torch's 10 minutes
+(NCCL) or 30 (gloo): in a notebook a person may sit in one rank's debugger while its peers wait in
+a collective, and nblaunch does not wait for a collective timeout to learn of a failure (a rank that
+dies, fails or is stopped gets its peers stopped at once; a live session names mismatched
+collectives). A pending collective keeps the timeout it started with, so the long one must be the
+group's from the start. User code's own ``init_process_group(timeout=...)`` is honoured: the
+group nblaunch made takes that timeout (torch's default of 30 minutes, which Lightning passes when its
+user chose none, leaves nblaunch's).
+
 Example::
 
     >>> take_over([vars(sys.modules["__main__"])])     # doctest: +SKIP  (start_rank does this)
@@ -23,6 +32,11 @@ Example::
 """
 
 from __future__ import annotations
+
+import datetime
+import inspect
+
+GROUP_TIMEOUT = datetime.timedelta(hours=2)  # the default group's collective timeout (see above)
 
 
 def take_over(namespaces, own_destroy: bool = True) -> None:
@@ -59,8 +73,18 @@ def take_over(namespaces, own_destroy: bool = True) -> None:
 
 
 def _owned_init(original, dist, c10d):
+    signature = inspect.signature(original)
+
     def init_process_group(*args, **kwargs):
         if dist.is_initialized():
+            try:
+                timeout = signature.bind_partial(*args, **kwargs).arguments.get("timeout")
+            except TypeError:
+                timeout = None  # arguments torch itself would refuse: the group is up, nothing to take from them
+            # the caller's collective timeout holds for nblaunch's group; torch's own default, which libraries
+            # pass on when their user chose none (Lightning's DDP strategy), is no choice: nblaunch's stays
+            if isinstance(timeout, datetime.timedelta) and timeout != c10d.default_pg_timeout:
+                c10d._set_pg_timeout(timeout, c10d._get_default_group())
             return None
         return original(*args, **kwargs)
 

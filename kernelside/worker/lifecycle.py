@@ -150,7 +150,13 @@ def _init_process_group(spec: RankSpec) -> None:
 
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
-    dist.init_process_group(backend=spec.backend, init_method="env://", rank=spec.rank, world_size=spec.world_size)
+    dist.init_process_group(
+        backend=spec.backend,
+        init_method="env://",
+        rank=spec.rank,
+        world_size=spec.world_size,
+        timeout=group_owner.GROUP_TIMEOUT,
+    )
     # gloo can return from init on one rank while a peer is still completing its connections;
     # a rank whose code then ends at once would close them under the peer. Meet once first.
     if spec.backend == "nccl":

@@ -28,6 +28,8 @@ import socket
 import sys
 import threading
 
+from . import group_owner
+
 PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo's words
 WAIT_REPORT_S = 1.0  # a collective waited in this long is reported (mismatch detection)
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/: never "the user's line"
@@ -168,6 +170,7 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
     backend = dist.get_backend()
     store = c10d._get_default_store()
     rank, size = dist.get_rank(), dist.get_world_size()
+    timeout = group_timeout(old) or group_owner.GROUP_TIMEOUT
     others = []  # (a loop, not a comprehension: that would hold ``old`` in a closure cell, a referrer of its own)
     for pg in list(c10d._world.pg_map):
         if pg is not old:
@@ -178,7 +181,8 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
     init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)
     destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
     destroy()
-    init(backend=backend, store=dist.PrefixStore(f"nblaunch-rebuild-{gen}", store), rank=rank, world_size=size)
+    store = dist.PrefixStore(f"nblaunch-rebuild-{gen}", store)
+    init(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)  # the old group's timeout
     notes = _repoint(old, c10d._get_default_group())
     if held:
         notes.append(
@@ -227,3 +231,15 @@ def _holders(namespace: dict, groups) -> list[str]:
         if id(value) in ids or type(value).__name__ == "DeviceMesh":
             names.append(name)
     return names or [f"{len(groups)} group(s) made with new_group"]
+
+
+def group_timeout(group):
+    """The collective timeout of ``group`` (a ``datetime.timedelta``), or None where torch does not say."""
+    import torch
+
+    for device in ("cpu", "cuda"):
+        try:
+            return group._get_backend(torch.device(device)).options._timeout
+        except (RuntimeError, AttributeError):
+            continue
+    return None

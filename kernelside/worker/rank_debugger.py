@@ -24,6 +24,8 @@ import datetime
 import io
 import sys
 
+from . import live_rescue
+
 
 class DebuggerText(io.TextIOBase):
     """What a debugger on a rank other than 0 prints: held until its next prompt carries it to the cell."""
@@ -126,19 +128,8 @@ def _raise_timeouts(timeout_s) -> dict:
         return kept
     wanted = datetime.timedelta(seconds=timeout_s)
     for group in list(c10d._world.pg_map):
-        current = _timeout_of(group)
+        current = live_rescue.group_timeout(group)
         if current is not None and current < wanted:
             c10d._set_pg_timeout(wanted, group)
             kept[group] = current
     return kept
-
-
-def _timeout_of(group) -> datetime.timedelta | None:
-    import torch
-
-    for device in ("cpu", "cuda"):
-        try:
-            return group._get_backend(torch.device(device)).options._timeout
-        except (RuntimeError, AttributeError):
-            continue
-    return None
