@@ -21,12 +21,13 @@ import socket
 import stat
 
 # the run folder's contract (re-exported for the server's modules and tests)
-from kernelside.run_contract import CONTROL_SOCKET, IN_USE_FILE, STATE_FILE
+from kernelside.run_contract import CONTROL_SOCKET, IN_USE_FILE, LOG_TIMES_RECORD, STATE_FILE
 
 __all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError"]
 
 MAX_STATE_BYTES = 1 << 20
 MAX_LOG_CHUNK = 1 << 20  # one answer carries at most this much of a log
+_TIMES_BLOCK = 256  # records of a times file read at once
 _SUN_PATH_MAX = 107
 
 
@@ -111,8 +112,11 @@ class RunDir:
         finally:
             os.close(fd)
 
-    def read_log(self, name: str, *, tail: int = 200, offset: int | None = None) -> dict:
-        """``tail`` last lines, or the bytes from ``offset`` on (at most MAX_LOG_CHUNK); start/end are byte offsets."""
+    def read_log(self, name: str, *, tail: int = 200, offset: int | None = None, times: str | None = None) -> dict:
+        """``tail`` last lines, or the bytes from ``offset`` on (at most MAX_LOG_CHUNK); start/end are byte offsets.
+        ``times``: the log's times file (``run_contract.rank_log_times_name``): ``times`` in the answer then has,
+        for each piece of the text up to and including a newline (and a last piece without one), when the
+        kernel had it (seconds since the epoch), or None where the file does not say."""
         fd = self._open_file(name)
         try:
             size = os.fstat(fd).st_size
@@ -124,7 +128,60 @@ class RunDir:
         finally:
             os.close(fd)
         data = data[: _complete_utf8(data)]  # a character cut at the end comes whole with the next read
-        return {"text": data.decode("utf-8", errors="replace"), "start": start, "end": start + len(data), "size": size}
+        got = {"text": data.decode("utf-8", errors="replace"), "start": start, "end": start + len(data), "size": size}
+        if times is not None:
+            got["times"] = self._line_times(times, start, data)
+        return got
+
+    def _line_times(self, name: str, start: int, data: bytes) -> list[float | None]:
+        """When each piece of ``data`` (the log's bytes from ``start``) was complete: the first record at or
+        past the piece's end. The records are fixed-width and in order: found by bisection, read in one go."""
+        ends, pos = [], start
+        for piece in data.split(b"\n"):
+            pos += len(piece) + 1
+            ends.append(min(pos, start + len(data)))
+        if data.endswith(b"\n"):
+            ends.pop()  # (no piece after the last newline)
+        try:
+            fd = self._open_file(name)
+        except RunFileError:
+            return [None] * len(ends)
+        try:
+            count = os.fstat(fd).st_size // LOG_TIMES_RECORD
+
+            def record(i: int) -> tuple[int, float] | None:
+                raw = os.pread(fd, LOG_TIMES_RECORD, i * LOG_TIMES_RECORD).split()
+                try:
+                    return int(raw[0]), float(raw[1])
+                except (IndexError, ValueError):
+                    return None
+
+            lo, hi = 0, count  # the first record whose end reaches the first piece's end
+            while lo < hi:
+                mid = (lo + hi) // 2
+                r = record(mid)
+                if r is not None and r[0] < (ends[0] if ends else start):
+                    lo = mid + 1
+                else:
+                    hi = mid
+            records, i, last = [], lo, ends[-1] if ends else start
+            while i < count and (not records or records[-1][0] < last):  # blocks of records from there on
+                block = os.pread(fd, _TIMES_BLOCK * LOG_TIMES_RECORD, i * LOG_TIMES_RECORD)
+                i += _TIMES_BLOCK
+                for line in block.splitlines():
+                    try:
+                        end, wall = line.split()
+                        records.append((int(end), float(wall)))
+                    except ValueError:
+                        continue
+        finally:
+            os.close(fd)
+        out, j = [], 0
+        for end in ends:
+            while j < len(records) and records[j][0] < end:
+                j += 1
+            out.append(records[j][1] if j < len(records) else None)
+        return out
 
     def request(self, payload: dict, timeout: float, max_bytes: int = 65536) -> dict:
         """Send one JSON line to the run's control socket and return its one-line JSON answer.

@@ -36,6 +36,7 @@ from kernelside.run_contract import (
     WRITTEN_RUN_STATES,
     RunState,
     rank_log_name,
+    rank_log_times_name,
     runs_base,
 )
 
@@ -138,7 +139,7 @@ class RunFolders:
             state = d.read_json(STATE_FILE) or {}
             live = self._summary(d, state, d.in_use())["live"]
             try:
-                got = d.read_log(rank_log_name(rank), tail=tail, offset=offset)
+                got = d.read_log(rank_log_name(rank), tail=tail, offset=offset, times=rank_log_times_name(rank))
             except RunFileError as e:
                 raise PanelRequestError(e.status, f"rank {rank} of {run_id}: {e}") from None
         return {"id": run_id, "rank": rank, "log": rank_log_name(rank), "live": live, **got}

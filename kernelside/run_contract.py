@@ -14,6 +14,9 @@ the Jupyter server never loads torch by reading a run.
     .in-use        locked (flock) by the kernel for as long as the run is live (IN_USE_FILE)
     control.sock   the kernel's Stop channel while the run is live (CONTROL_SOCKET)
     rank<N>.log    rank N's output (rank_log_name(N))
+    rank<N>.times  when it arrived (rank_log_times_name(N)): fixed-width LOG_TIMES_RECORD lines
+                   "END WALL", the log had END bytes by WALL (seconds since the epoch); at most one
+                   per LOG_TIMES_EVERY_S a rank, so a line takes the first record at or past its end
     rank<N>.stacks rank N's stacks, dumped on request (rank_stacks_name(N); the kernel reads them)
 
 **State file** (``FORMAT_VERSION`` 1), a JSON object: ``version``, ``id``, ``engine``, ``control``
@@ -62,6 +65,26 @@ def runs_base(log_dir: str | None) -> str:
         '/data/logs'
     """
     return log_dir or os.path.join(tempfile.gettempdir(), f"nblaunch-{os.getuid()}")
+
+
+LOG_TIMES_EVERY_S = 0.05  # a rank's log gets a time record at most this often
+LOG_TIMES_RECORD = 39  # bytes of one record: f"{end:020d} {wall:017.6f}\n"
+
+
+def log_times_record(end: int, wall: float) -> bytes:
+    """One record of a ``rank<N>.times`` file.
+
+    Example::
+
+        >>> log_times_record(12, 1700000000.5)
+        b'00000000000000000012 1700000000.500000\n'
+    """
+    return f"{end:020d} {wall:017.6f}\n".encode()
+
+
+def rank_log_times_name(rank: int) -> str:
+    """The file name of the times of rank ``rank``'s log (``rank<N>.times``, beside ``rank<N>.log``)."""
+    return f"rank{rank}.times"
 
 
 def rank_log_name(rank: int) -> str:

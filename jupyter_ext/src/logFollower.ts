@@ -1,6 +1,7 @@
 /**
  * The state of one rank's log tab: the last lines first, then what the rank appends, while
- * its run is live, each line stamped with when it reached the tab. No DOM: the fetch and the
+ * its run is live, each line stamped with when the kernel had it (or, without the run's times, when it
+ * reached the tab). No DOM: the fetch and the
  * clock are injected (request.ts in the lab), so it is unit-tested alone.
  *
  * Example:
@@ -10,7 +11,10 @@
 
 import { ILogChunk } from './types';
 
-/** One line of a log; `at` is when it arrived (ms since the epoch), null for lines already there when the tab opened. */
+/**
+ * One line of a log; `at` is when the kernel had it (ms since the epoch) or, for a run without times, when it
+ * reached the tab; null for a line of such a run that was there before the tab opened.
+ */
 export interface ILogLine {
   at: number | null;
   text: string;
@@ -48,19 +52,29 @@ export class LogFollower {
     if (!chunk.text) {
       return false;
     }
-    this._append(chunk.text, first ? null : this._now());
+    this._append(chunk.text, first ? null : this._now(), chunk.times);
     this._trim();
     return true;
   }
 
-  private _append(text: string, at: number | null): void {
+  /** `times`: the kernel's time of each piece (seconds), preferred to `at` (when it reached the tab). */
+  private _append(text: string, at: number | null, times?: (number | null)[]): void {
     const pieces = text.split(/(?<=\n)/);
+    const when = (i: number): number | null => {
+      const t = times?.[i];
+      return typeof t === 'number' ? t * 1000 : at;
+    };
+    let i = 0;
     const last = this.lines[this.lines.length - 1];
     if (last && !last.text.endsWith('\n')) {
       last.text += pieces.shift() ?? ''; // the rest of a line that was still being written
+      const t = times?.[i++];
+      if (typeof t === 'number') {
+        last.at = t * 1000; // the kernel's time: when it was complete (else the stamp of its start stays)
+      }
     }
     for (const piece of pieces) {
-      this.lines.push({ at, text: piece });
+      this.lines.push({ at: when(i++), text: piece });
     }
     this._chars += text.length;
   }
@@ -91,7 +105,7 @@ export function searchLines(lines: ILogLine[], query: string): { index: number; 
   return found;
 }
 
-/** '15:23:01' for a line's arrival, '' for one that was there before the tab opened. */
+/** '15:23:01' for a line's time, '' for a line without one. */
 export function stampText(at: number | null): string {
   if (at === null) {
     return '';

@@ -1,7 +1,7 @@
 /**
  * A rank's log in a read-only main-area tab named after its run and rank ('train 15:23:01 · rank 1'):
  * the last lines first, then following (every second) while the run is live, each line stamped
- * with when it arrived, and a search box that shows only the lines containing its text. The text
+ * with when the kernel received it, and a search box that shows only the lines containing its text. The text
  * comes from the server extension (GET /nblaunch/runs/{id}/ranks/{rank}/log): log folders stay
  * outside the server's root.
  */
@@ -102,7 +102,7 @@ class LogContent extends Widget {
     const f = this._follower;
     const earlier = f.hiddenBytes ? ` (the first ${f.hiddenBytes} bytes are not shown)` : '';
     const state = f.live ? 'following the live run' : 'the run has ended';
-    return `rank${this.rank}.log of ${this.runId}, read-only, ${state}${earlier}; times are when a line arrived here`;
+    return `rank${this.rank}.log of ${this.runId}, read-only, ${state}${earlier}; times are when the kernel received each line`;
   }
 
   private _stopTimer(): void {

@@ -175,6 +175,11 @@ export interface ILogChunk {
   start: number;
   end: number;
   size: number;
+  /**
+   * When the kernel had each piece of `text` (a line with its newline; a last one without), in seconds
+   * since the epoch (the run folder's rank<N>.times); null where that file does not say.
+   */
+  times?: (number | null)[];
 }
 
 /** POST /nblaunch/runs/{id}/stop */

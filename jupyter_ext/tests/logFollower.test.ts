@@ -59,6 +59,26 @@ describe('LogFollower lines', () => {
     ]);
   });
 
+  it("stamps every line, old ones too, with the kernel's time when the run kept times", async () => {
+    const log = new LogFollower(
+      server([
+        { text: 'old 1\nold 2\nhalf', end: 16, times: [100, 101, 102] },
+        { text: ' done\nnew\n', start: 16, end: 26, times: [103.5, null] }
+      ]),
+      500,
+      1_000_000,
+      () => 999_000
+    );
+    await log.poll();
+    await log.poll();
+    expect(log.lines).toEqual([
+      { at: 100_000, text: 'old 1\n' },
+      { at: 101_000, text: 'old 2\n' },
+      { at: 103_500, text: 'half done\n' }, // the time it was complete
+      { at: 999_000, text: 'new\n' } // no time for it: when it reached the tab
+    ]);
+  });
+
   it('finds the lines that contain a query, whatever its case', () => {
     const lines = [
       { at: null, text: 'step 1\n' },

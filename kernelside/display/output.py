@@ -26,7 +26,7 @@ import collections
 import os
 import time
 
-from ..run_contract import rank_log_name
+from ..run_contract import LOG_TIMES_EVERY_S, log_times_record, rank_log_name, rank_log_times_name
 
 TAIL_LINES = 40
 # What the cell shows is budgeted (token bucket) below Jupyter server's default IOPub limit of
@@ -76,6 +76,8 @@ class RankOutputRouter:
         self.held_tail: collections.deque = collections.deque(maxlen=HELD_TAIL_LINES)
         self.unflushed = 0
         self.written: set[str] = set()  # the streams this router wrote to: finish() flushes only those
+        self.times = _LogTimes(log_dir)  # when each rank's bytes arrived (rank<N>.times, for the Runs view)
+        self.log_sizes: dict[int, int] = {}
         for r in range(world_size):
             path = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract: the server reads it
             self.log_paths[r] = path
@@ -89,7 +91,10 @@ class RankOutputRouter:
         log = self.logs.get(rank)
         if log is None:  # (a live cell that prints nothing opens no file)
             log = self.logs[rank] = open(self.log_paths[rank], "ab", buffering=0)
+            self.log_sizes[rank] = os.fstat(log.fileno()).st_size
         log.write(data)
+        self.log_sizes[rank] += len(data)
+        self.times.arrived(rank, self.log_sizes[rank])
         buf = self.buffers[(rank, stream)]
         if not buf.data:
             buf.since = time.monotonic()
@@ -107,6 +112,7 @@ class RankOutputRouter:
 
     def flush_stale(self, now: float | None = None) -> None:
         """Show partial lines that have waited long enough (only where they cannot interleave)."""
+        self.times.flush()
         if self.tabs is not None:
             self.tabs.tick()
         if self.mode != "rank0":
@@ -133,6 +139,7 @@ class RankOutputRouter:
             self.tabs.tick(force=True)
         for fh in self.logs.values():
             fh.close()
+        self.times.close()
         for stream in self.written:  # (a flush of the kernel's stream is a round trip to its IOPub thread)
             try:
                 self.sinks[stream].flush()
@@ -220,3 +227,42 @@ class RankOutputRouter:
                 self.unflushed = 0
             sink.write(line)
             self.unflushed += len(line)
+
+
+class _LogTimes:
+    """Writes ``rank<N>.times`` (``run_contract``): a record when a rank's log grows, at most one per
+    ``LOG_TIMES_EVERY_S``; within that, the burst's last bytes wait for ``flush()`` (every loop turn)."""
+
+    def __init__(self, log_dir: str):
+        self.log_dir = log_dir
+        self.files: dict[int, object] = {}
+        self.last: dict[int, float] = {}  # monotonic time of the rank's last record
+        self.pending: dict[int, tuple[int, float]] = {}  # rank -> (log size, wall time) not written yet
+
+    def arrived(self, rank: int, end: int) -> None:
+        self.pending[rank] = (end, time.time())
+        if time.monotonic() - self.last.get(rank, float("-inf")) >= LOG_TIMES_EVERY_S:
+            self._write(rank)
+
+    def flush(self, force: bool = False) -> None:
+        now = time.monotonic()
+        for rank in list(self.pending):
+            if force or now - self.last.get(rank, float("-inf")) >= LOG_TIMES_EVERY_S:
+                self._write(rank)
+
+    def close(self) -> None:
+        self.flush(force=True)
+        for fh in self.files.values():
+            fh.close()
+        self.files.clear()
+
+    def _write(self, rank: int) -> None:
+        end, wall = self.pending.pop(rank)
+        self.last[rank] = time.monotonic()
+        fh = self.files.get(rank)
+        try:
+            if fh is None:
+                fh = self.files[rank] = open(os.path.join(self.log_dir, rank_log_times_name(rank)), "ab", buffering=0)
+            fh.write(log_times_record(end, wall))
+        except OSError:
+            pass  # a full disk costs the Runs view its times, never the run

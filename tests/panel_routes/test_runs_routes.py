@@ -18,6 +18,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_ext.rank_resources import is_that_process, proc_start_time
+from kernelside.run_contract import log_times_record
 
 OWNER = Path(__file__).with_name("run_owner.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -182,6 +183,28 @@ async def test_log_tail_returns_the_last_lines_and_offset_follows_the_run(jp_fet
     assert code == 200 and more["start"] == tail["end"] and more["text"].startswith("rank 1 line ")
     last = int(lines[-1].split()[-1])
     assert more["text"].splitlines()[0] == f"rank 1 line {last + 1}"
+    # every line carries when the kernel had it (the run's rank1.times), in order, within the run's life
+    started = state_of(run_base)["started"]
+    for chunk in (tail, more):
+        times = chunk["times"]
+        assert len(times) == len(chunk["text"].splitlines()) and None not in times, chunk
+        assert times == sorted(times) and started <= times[0] and times[-1] <= time.time()
+
+
+async def test_log_lines_take_the_time_of_the_first_record_at_or_past_their_end(jp_fetch, run_base):
+    d, _ = forge_run(run_base, "run-20200101-000000-times", {"state": "done", "started": 1.0e9, "engine": "local"})
+    (d / "rank0.log").write_bytes(b"a\nbb\nccc\nd")  # line ends at 2, 5, 9; "d" (no newline yet) at 10
+    records = [(2, 100.0), (7, 107.0), (10, 110.0)]  # 0-2 by t=100, 3-7 by 107, 8-10 by 110
+    (d / "rank0.times").write_bytes(b"".join(log_times_record(end, wall) for end, wall in records))
+    code, whole = await fetch(jp_fetch, d.name, "ranks", "0", "log", params={"offset": "0"})
+    assert code == 200 and whole["times"] == [100.0, 107.0, 110.0, 110.0]
+    code, part = await fetch(jp_fetch, d.name, "ranks", "0", "log", params={"offset": "5"})  # "ccc\nd"
+    assert part["text"] == "ccc\nd" and part["times"] == [110.0, 110.0]
+    code, tail = await fetch(jp_fetch, d.name, "ranks", "0", "log", params={"tail": "2"})
+    assert tail["text"] == "ccc\nd" and tail["times"] == [110.0, 110.0]
+    (d / "rank0.times").unlink()  # a run from before times were kept (or another engine's): no times, no error
+    code, none = await fetch(jp_fetch, d.name, "ranks", "0", "log", params={"offset": "0"})
+    assert code == 200 and none["times"] == [None, None, None, None]
 
 
 async def test_stop_ends_a_live_run_within_2s_and_its_owner_raises_the_panel_error(jp_fetch, run_base, owner):
