@@ -129,6 +129,36 @@ def test_rank_error_while_peer_runs_python_keeps_the_peers_state(kernel):
     assert kernel.run("print(k)").ok().stdout.strip() == "['state of 0', 'state of 1']"
 
 
+WAIT_INSIDE_TORCH = """
+import sys, threading, torch
+def _say_when_inside_torch(main=threading.main_thread().ident):
+    while "/torch/" not in sys._current_frames()[main].f_code.co_filename:
+        time.sleep(0.01)
+    print('waiting', flush=True)
+if rank == 0:  # DDP checks its parameters across ranks in C++ (no torch.distributed frame); rank 1 never comes
+    threading.Thread(target=_say_when_inside_torch, daemon=True).start()
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(2, 2))
+else:
+    time.sleep(60)
+"""
+
+
+def test_interrupt_inside_a_torch_function_that_waits_in_cpp_names_that_function(kernel):
+    sent = {}
+
+    def on_output(kind, content):
+        if "waiting" in content.get("text", "") and not sent:
+            sent["t"] = True
+            kernel.interrupt()
+
+    cell = kernel.run("%%distributed" + WAIT_INSIDE_TORCH, timeout=60, on_output=on_output)
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+    assert "every rank stopped the cell and kept its state" in _error_text(cell)
+    where = cell.stderr
+    assert "rank 0 was at <%%distributed cell" in where and "line 9, inside " in where and "(torch/" in where, where
+    assert kernel.run("%%distributed\nprint('next', rank)").ok().stdout == "next 0\n"
+
+
 def test_interrupt_during_sleep_raises_keyboardinterrupt_within_half_a_second_and_keeps_state(kernel):
     kernel.run("%%distributed\nsurvivor = rank * 100").ok()
     sent = {}

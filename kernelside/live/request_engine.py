@@ -262,6 +262,8 @@ class LiveRunEngine(Engine):
                 lines.append(f"rank {rank} had not started the cell")
                 continue
             coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
+            if not coll and w.get("inside"):  # a torch function that waits in C++ (DDP's parameter checks, say)
+                coll = f", inside {w['inside']}"
             at = f"was at {w['line']}" if w.get("line") else "was not in the cell's code (starting or ending it)"
             lines.append(f"rank {rank} {at}{coll}")
         return lines

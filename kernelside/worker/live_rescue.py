@@ -16,7 +16,7 @@ to name mismatched collectives (rank 0 in ``barrier``, rank 1 in ``all_reduce``)
 Example (in a rank)::
 
     >>> where_main()                                   # doctest: +SKIP
-    {'line': '<%%distributed cell [4]>, line 5', 'collective': 'barrier', 'seq': 7}
+    {'line': '<%%distributed cell [4]>, line 5', 'collective': 'barrier', 'inside': None, 'seq': 7}
     >>> close_group_sockets(); rebuild_group(2, namespace)   # doctest: +SKIP
 """
 
@@ -66,6 +66,11 @@ def where_main(frame=None) -> dict:
             collective = f.f_code.co_name
         elif "torch/autograd" in f.f_code.co_filename and collective is None:
             collective = "backward (gradient all-reduce)"
+    inside = None  # no collective named: the torch function it waits in (one that calls C++ directly, as DDP's do)
+    f = stack[0] if stack else None
+    if collective is None and f is not None and "/torch/" in f.f_code.co_filename:  # (not torch calling user code)
+        path = f.f_code.co_filename
+        inside = f"{getattr(f.f_code, 'co_qualname', f.f_code.co_name)} (torch/{path.rsplit('/torch/', 1)[1]})"
     line = None
     for f in stack:  # innermost first, up to nblaunch's own frames (what is outside them is not this request's)
         path = f.f_code.co_filename
@@ -76,7 +81,7 @@ def where_main(frame=None) -> dict:
         where = f"{path}, line {f.f_lineno}"
         line = where if path.startswith("<%%distributed cell") else f"{where}, in {f.f_code.co_name}"
         break
-    return {"line": line, "collective": collective, "seq": _seq()}
+    return {"line": line, "collective": collective, "inside": inside, "seq": _seq()}
 
 
 class WaitWatch:
