@@ -229,3 +229,56 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
     for shot in ("sidebar.png", "dashboard.png", "dashboard-log.png"):
         if (artifacts / shot).is_file():
             shutil.copy(artifacts / shot, REPO / "docs" / shot)  # the README shows these
+
+
+LIVE_CELLS = [
+    "%load_ext kernelside",
+    "%distributed_start -n 2",
+    "%%distributed\nheld = rank + 7",
+    "%%distributed\nimport time\nprint('waiting', flush=True)\ntime.sleep(600)",
+]
+
+
+def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_ends_the_session(
+    lab_server, browser_page, snapshot
+):
+    page = browser_page
+    page.set_default_timeout(60_000)
+    _notebook(lab_server.root / "live.ipynb", LIVE_CELLS)
+    page.goto(lab_server.page_url("lab/tree/live.ipynb"))
+    page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
+    panel = page.locator(PANEL)
+    page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
+    expect(outputs.filter(has_text="waiting")).to_have_count(1, timeout=150_000)
+
+    run = panel.locator('.nblaunch-run[data-state="running"]')  # the session, while its cell runs
+    expect(run).to_have_count(1)
+    run_id = run.get_attribute("data-run-id")
+    run.locator(".nblaunch-run-open").click()
+    dash = page.locator(f"#nblaunch-dashboard-{run_id}")
+    stop = dash.locator(".nblaunch-dash-stop")
+    expect(stop).to_have_text("Stop cell")
+    assert "every rank comes back to idle with its state" in stop.get_attribute("title")
+    ranks = dash.locator("table.nblaunch-dash-ranks tbody tr")
+    pids = [int(ranks.nth(r).locator("td").nth(1).inner_text()) for r in range(2)]
+    snapshot(page, "dashboard-live-running.png")
+
+    stop.click()
+    expect(outputs.filter(has_text="LaunchStoppedError")).to_have_count(1, timeout=30_000)
+    expect(outputs.filter(has_text="the cell was stopped from the launch panel")).not_to_have_count(0)
+    expect(outputs.filter(has_text="every rank kept its state")).not_to_have_count(0)
+    expect(dash.locator(".nblaunch-run-state")).to_have_text("idle", timeout=10_000)
+    expect(stop).to_have_text("End session")
+    assert [int(ranks.nth(r).locator("td").nth(1).inner_text()) for r in range(2)] == pids  # the same processes
+    snapshot(page, "dashboard-live-idle.png")
+
+    stop.click()
+    expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
+    expect(stop).to_be_hidden()
+    start_cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(1)
+    _tab(page, "live.ipynb").click()
+    expect(start_cell).to_contain_text("session stopped from the launch panel; nothing is left running")
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
