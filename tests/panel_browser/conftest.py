@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from lab_notebooks import write_notebook
 from playwright.sync_api import Error as PlaywrightError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,31 +51,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _notebook(path: Path) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "cells": [
-                    {
-                        "cell_type": "code",
-                        "execution_count": None,
-                        "id": "setup",
-                        "metadata": {},
-                        "outputs": [],
-                        "source": "import os",
-                    }
-                ],
-                "metadata": {
-                    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                    "language_info": {"name": "python"},
-                },
-                "nbformat": 4,
-                "nbformat_minor": 5,
-            }
-        )
-    )
-
-
 @pytest.fixture
 def artifacts() -> Path:
     """Where the browser test leaves screenshots and the server log (kept after the run)."""
@@ -104,7 +80,7 @@ def lab_server(tmp_path):
     """``jupyter lab`` serving a fresh root with ``demo.ipynb``; stopped (by PID) after the test."""
     root = tmp_path / "root"
     root.mkdir()
-    _notebook(root / "demo.ipynb")
+    write_notebook(root / "demo.ipynb", ["import os"])
     ARTIFACTS.mkdir(exist_ok=True)
     log = ARTIFACTS / "jupyter-lab.log"
     # No "get notified about Jupyter news?" toast over the screenshots.

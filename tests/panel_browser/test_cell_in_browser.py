@@ -9,6 +9,7 @@ import json
 import re
 import urllib.request
 
+from lab_notebooks import write_notebook
 from playwright.sync_api import expect
 
 expect.set_options(timeout=60_000)
@@ -28,26 +29,6 @@ PLAIN_SLEEP = "time.sleep(4)"
 NBLAUNCH_SLEEP = (
     "%%distributed -n 2\nfrom kernelside import progress\nfor _ in progress(range(40)):\n    time.sleep(0.1)"
 )
-
-
-def _notebook(path, cells: list[str]) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "cells": [
-                    {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": []}
-                    | {"source": source}
-                    for i, source in enumerate(cells)
-                ],
-                "metadata": {
-                    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                    "language_info": {"name": "python"},
-                },
-                "nbformat": 4,
-                "nbformat_minor": 5,
-            }
-        )
-    )
 
 
 def _shut_down_kernels(lab_server) -> None:
@@ -89,13 +70,13 @@ def _status_during(page, index: int, marker_done) -> list[str]:
     return seen
 
 
-def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, browser_page, snapshot):
+def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server, browser_page, snapshot):
     page = browser_page
     page.set_default_timeout(60_000)
     (lab_server.root / "bad.yaml").write_text("num_processes: 2\nmain_process_port: 70000\n")
     cells = ["%load_ext kernelside\nimport time", PLAIN_SLEEP, WIDGET_SLEEP, NBLAUNCH_SLEEP]
     cells += [METRICS_CELL, "%distributed_last", "%distributed_config bad.yaml", OUTPUT_ALL]
-    _notebook(lab_server.root / "train.ipynb", cells)
+    write_notebook(lab_server.root / "train.ipynb", cells)
     widgets = lab_server.root.parent / "settings" / "@jupyter-widgets" / "jupyterlab-manager"
     widgets.mkdir(parents=True, exist_ok=True)
     (widgets / "plugin.jupyterlab-settings").write_text(json.dumps({"saveState": True}))  # widgets in the file
@@ -208,7 +189,7 @@ def test_status_line_chart_report_and_config_in_a_real_notebook(lab_server, brow
     settings = lab_server.root.parent / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True, exist_ok=True)
     (settings / "kernels-settings.jupyterlab-settings").write_text(json.dumps({"commsOverSubshells": "disabled"}))
-    _notebook(lab_server.root / "first.ipynb", ["%load_ext kernelside\nimport time", NBLAUNCH_SLEEP])
+    write_notebook(lab_server.root / "first.ipynb", ["%load_ext kernelside\nimport time", NBLAUNCH_SLEEP])
     page.goto(lab_server.page_url("lab/tree/first.ipynb") + "&reset")  # only this notebook open
     expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle")
     _run_cell(page, 0)

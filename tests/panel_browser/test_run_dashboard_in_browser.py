@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
+from lab_notebooks import write_notebook
 from playwright.sync_api import expect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -47,26 +48,6 @@ FITS = """panel => {
 }"""
 
 
-def _notebook(path, cells: list[str]) -> None:
-    path.write_text(
-        json.dumps(
-            {
-                "cells": [
-                    {"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": []}
-                    | {"source": source}
-                    for i, source in enumerate(cells)
-                ],
-                "metadata": {
-                    "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
-                    "language_info": {"name": "python"},
-                },
-                "nbformat": 4,
-                "nbformat_minor": 5,
-            }
-        )
-    )
-
-
 def _max_step(text: str, rank: int) -> int:
     steps = [int(s) for s in re.findall(rf"rank {rank} working on step (\d+)", text)]
     return max(steps) if steps else -1
@@ -81,7 +62,7 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
 ):
     page = browser_page
     page.set_default_timeout(60_000)
-    _notebook(lab_server.root / "train.ipynb", ["%load_ext kernelside", LONG_CELL])
+    write_notebook(lab_server.root / "train.ipynb", ["%load_ext kernelside", LONG_CELL])
     try:
         page.goto(lab_server.page_url("lab/tree/train.ipynb"))
         page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
@@ -244,7 +225,7 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
 ):
     page = browser_page
     page.set_default_timeout(60_000)
-    _notebook(lab_server.root / "live.ipynb", LIVE_CELLS)
+    write_notebook(lab_server.root / "live.ipynb", LIVE_CELLS)
     page.goto(lab_server.page_url("lab/tree/live.ipynb"))
     page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
     panel = page.locator(PANEL)
