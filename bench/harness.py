@@ -16,15 +16,19 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import json
 import os
 import platform
 import random
+import secrets
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -319,3 +323,62 @@ def write_result(name: str, quick: bool, text: str) -> str:
 def note(msg: str) -> None:
     """Progress of the benchmark itself, on stderr (the table goes to stdout)."""
     print(msg, file=sys.stderr, flush=True)
+
+
+class JupyterServer:
+    """A real ``jupyter server`` on 127.0.0.1 in a fresh root, with or without nblaunch's extension, its code
+    taken from ``source`` (a checkout; default: this one). ``started`` is when ``Popen`` was called; ``stop()``
+    (or leaving the ``with``) ends it by its pid, then its session.
+
+    Example::
+
+        >>> with JupyterServer() as server:
+        ...     server.wait_ready("/nblaunch/runs")
+        ...     runs = server.get("/nblaunch/runs")
+    """
+
+    def __init__(self, *, with_extension: bool = True, source: str | None = None):
+        root = tempfile.mkdtemp(prefix="nblaunch-bench-server-")
+        self.port, self.token = free_port(), secrets.token_hex(16)
+        self.base = f"http://127.0.0.1:{self.port}"
+        env = dict(os.environ)
+        if source is not None:
+            env["PYTHONPATH"] = source + os.pathsep + env.get("PYTHONPATH", "")
+        self.started = time.monotonic()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={self.port}",
+             "--port-retries=0", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
+             f"--ServerApp.jpserver_extensions={{'jupyter_ext': {with_extension}}}", "--allow-root"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env, cwd=root,
+        )  # fmt: skip
+
+    def get(self, path: str, timeout: float = 60):
+        """The JSON answer to ``GET path`` (``/api/status``, ``/nblaunch/runs``…)."""
+        request = urllib.request.Request(self.base + path, headers={"Authorization": f"token {self.token}"})
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return json.loads(response.read())
+
+    def wait_ready(self, path: str = "/api/status", timeout: float = 120, every: float = 0.02) -> float:
+        """Seconds from ``Popen`` until ``path`` answers; SystemExit if the server ends or ``timeout`` passes."""
+        while True:
+            try:
+                self.get(path, timeout=5)
+                return time.monotonic() - self.started
+            except OSError:
+                if time.monotonic() - self.started > timeout or self.process.poll() is not None:
+                    raise SystemExit(f"jupyter server did not answer {path}") from None
+                time.sleep(every)
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the session this script started, by its id
+            self.process.wait(10)
+
+    def __enter__(self) -> JupyterServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

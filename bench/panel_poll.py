@@ -13,23 +13,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import secrets
 import signal
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.request
 
-from bench.harness import free_port
-
-
-def _get(url: str, token: str):
-    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        return json.loads(response.read())
+from bench.harness import JupyterServer
 
 
 def main() -> int:
@@ -40,36 +29,21 @@ def main() -> int:
     stop = {"now": False}
     signal.signal(signal.SIGINT, lambda *_: stop.update(now=True))
     signal.signal(signal.SIGTERM, lambda *_: stop.update(now=True))
-    root = tempfile.mkdtemp(prefix="nblaunch-bench-panel-")
-    port, token = free_port(), secrets.token_hex(16)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--ServerApp.jpserver_extensions={'jupyter_ext': True}", "--allow-root"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}/nblaunch/runs"
+    server = JupyterServer()
+    base = "/nblaunch/runs"
     latencies, polls, details, live_polls = [], 0, 0, 0
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                _get(base, token)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("jupyter server did not start") from None
-                time.sleep(0.2)
+        server.wait_ready(base, timeout=60, every=0.2)
         end = time.monotonic() + ns.seconds
         next_poll = time.monotonic()
         while not stop["now"] and time.monotonic() < end:
             t0 = time.perf_counter()
-            runs = _get(base, token)
+            runs = server.get(base, timeout=10)
             latencies.append(time.perf_counter() - t0)
             live = [r["id"] for r in runs if r["live"]]
             for run_id in live:  # the panel fetches the detail of the runs it shows expanded
                 t0 = time.perf_counter()
-                _get(f"{base}/{run_id}", token)
+                server.get(f"{base}/{run_id}", timeout=10)
                 latencies.append(time.perf_counter() - t0)
                 details += 1
             polls += 1
@@ -77,12 +51,7 @@ def main() -> int:
             next_poll += ns.interval
             time.sleep(max(0.0, next_poll - time.monotonic()))
     finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)  # the session this script started, by its id
-            server.wait(10)
+        server.stop()
     q = statistics.quantiles(latencies, n=20) if len(latencies) >= 20 else [float("nan")] * 19
     print(
         json.dumps(

@@ -14,24 +14,12 @@ mapped. Every server is stopped by its pid (SIGTERM, then SIGKILL of the session
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import secrets
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
-import time
-import urllib.request
 
-from bench.harness import REPO, free_port, machine, note, write_result
-
-
-def _get(url: str, token: str, timeout: float = 60):
-    request = urllib.request.Request(url, headers={"Authorization": f"token {token}"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:
-        return json.loads(response.read())
+from bench.harness import REPO, JupyterServer, machine, note, write_result
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -49,43 +37,15 @@ def _maps_torch(pid: int) -> bool:
 def start_once(source: str, with_extension: bool) -> tuple[float, float, bool | None]:
     """Seconds until ``/api/status`` answers, the server's CPU seconds by then, and (with the extension)
     whether libtorch got mapped after the three routes."""
-    root = tempfile.mkdtemp(prefix="nblaunch-bench-start-")
-    port, token = free_port(), secrets.token_hex(16)
-    env = {**os.environ, "PYTHONPATH": source + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    flag = "True" if with_extension else "False"
-    t0 = time.monotonic()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         "--port-retries=0", f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         f"--ServerApp.jpserver_extensions={{'jupyter_ext': {flag}}}", "--allow-root"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env, cwd=root,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = t0 + 120
-        while True:
-            try:
-                _get(f"{base}/api/status", token, timeout=5)
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("jupyter server did not start") from None
-                time.sleep(0.02)
-        elapsed = time.monotonic() - t0
-        cpu = _cpu_seconds(server.pid)
+    with JupyterServer(with_extension=with_extension, source=source) as server:
+        elapsed = server.wait_ready("/api/status")
+        cpu = _cpu_seconds(server.process.pid)
         torch_mapped = None
         if with_extension:
             for route in ("config", "runs", "hardware"):
-                _get(f"{base}/nblaunch/{route}", token)
-            torch_mapped = _maps_torch(server.pid)
+                server.get(f"/nblaunch/{route}")
+            torch_mapped = _maps_torch(server.process.pid)
         return elapsed, cpu, torch_mapped
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)  # the session this script started, by its id
-            server.wait(10)
 
 
 def main() -> int:
