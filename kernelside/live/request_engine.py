@@ -264,6 +264,8 @@ class LiveRunEngine(Engine):
             coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
             if not coll and w.get("inside"):  # a torch function that waits in C++ (DDP's parameter checks, say)
                 coll = f", inside {w['inside']}"
+            elif not coll and w.get("calling"):  # a C function called from the line itself (sleep, wait, item)
+                coll = f", calling {w['calling']}()"
             at = f"was at {w['line']}" if w.get("line") else "was not in the cell's code (starting or ending it)"
             lines.append(f"rank {rank} {at}{coll}")
         return lines

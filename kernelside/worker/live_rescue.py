@@ -81,7 +81,45 @@ def where_main(frame=None) -> dict:
         where = f"{path}, line {f.f_lineno}"
         line = where if path.startswith("<%%distributed cell") else f"{where}, in {f.f_code.co_name}"
         break
-    return {"line": line, "collective": collective, "inside": inside, "seq": _seq()}
+    calling = _calling(stack[0]) if stack and collective is None and inside is None and line else None
+    return {"line": line, "collective": collective, "inside": inside, "calling": calling, "seq": _seq()}
+
+
+_LOADS = ("LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF")
+
+
+def _calling(frame) -> str | None:
+    """The name of the function ``frame`` is calling now, read from its bytecode: a C function (``time.sleep``,
+    ``Work.wait``, ``Tensor.item``) has no frame of its own to say where the code waits. None when the call
+    is not a plain one (``*args``, a callee that is an expression, a branch among its arguments)."""
+    import dis
+
+    try:
+        code = [i for i in dis.get_instructions(frame.f_code) if i.offset <= frame.f_lasti]
+    except Exception:
+        return None
+    if not code or code[-1].opname != "CALL":
+        return None
+    nargs = code[-1].arg or 0
+    k, pushed = len(code) - 2, 0
+    while k >= 0 and code[k].opname in ("PRECALL", "KW_NAMES"):
+        k -= 1
+    while k >= 0 and pushed < nargs:  # the arguments, back to front
+        ins = code[k]
+        if ins.is_jump_target or "JUMP" in ins.opname or ins.opcode in dis.hasjrel + dis.hasjabs:
+            return None
+        try:
+            pushed += (
+                dis.stack_effect(ins.opcode, ins.arg)
+                if ins.opcode >= dis.HAVE_ARGUMENT
+                else dis.stack_effect(ins.opcode)
+            )
+        except ValueError:
+            return None
+        k -= 1
+    if k < 0 or pushed != nargs or code[k].opname not in _LOADS:
+        return None
+    return str(code[k].argval)
 
 
 class WaitWatch:
