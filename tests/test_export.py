@@ -105,6 +105,26 @@ def test_exported_function_with_arguments_matches_notebook_launcher(kernel, tmp_
     assert _torchrun(shown, tmp_path).strip().splitlines()[-1] == expected
 
 
+LEAVE_OPEN = """
+KEPT = []
+
+def leave_open():
+    f = open(f"left_open_{dist.get_rank()}.txt", "w")  # never closed: a module-level list keeps it
+    f.write("written by the rank")
+    KEPT.append(f)
+    return dist.get_rank()
+"""
+
+
+def test_an_exported_script_ends_as_a_script_does_files_left_open_are_written(kernel, tmp_path, free_port):
+    # the script leaves without the interpreter's teardown (torch's gloo can abort there with DDP alive)
+    kernel.run(LEAVE_OPEN).ok()
+    shown = kernel.run(f"%distributed_export {tmp_path / 'lo.py'} leave_open --port {free_port}").ok().stdout
+    assert _torchrun(shown, tmp_path).strip().splitlines()[-1] == "0"
+    for r in range(2):
+        assert (tmp_path / f"left_open_{r}.txt").read_text() == "written by the rank"
+
+
 def test_data_that_cannot_be_pickled_is_named_in_a_note(kernel, tmp_path):
     kernel.run("%%distributed -n 2\nwith lock:\n    value = rank\n").ok()
     shown = kernel.run(f"%distributed_export {tmp_path / 'locked.py'}").ok().stdout

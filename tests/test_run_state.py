@@ -123,7 +123,8 @@ def test_a_launch_keeps_state_json_from_running_to_done_with_ranks_and_report(tm
     assert [r["state"] for r in final["ranks"]] == ["done", "done"] and final["root_cause"] is None
     d = watcher.run_dir()
     assert stat.S_IMODE(d.stat().st_mode) == 0o700  # owner-only run folder
-    assert sorted(p.name for p in d.iterdir()) == sorted([IN_USE_FILE, "rank0.log", "rank1.log", "state.json"])
+    files = [IN_USE_FILE, "rank0.log", "rank0.times", "rank1.log", "rank1.times", "state.json"]
+    assert sorted(p.name for p in d.iterdir()) == sorted(files)
 
 
 def test_a_failing_launch_ends_failed_with_the_root_cause_line(tmp_path):

@@ -126,6 +126,24 @@ def _init_once(*args, **kwargs):  # code that calls init_process_group() itself 
 
 
 dist.init_process_group = _init_once
+
+
+# The end, as a normal exit would end (exit handlers run, files still open flushed), but without the
+# interpreter's teardown: a DDP model still holding the process group can make torch 2.13's gloo abort there
+# ("terminate called without an active exception"), and torchrun would report the run as failed.
+def _leave():
+    import atexit
+    import gc
+    import io
+
+    atexit._run_exitfuncs()
+    for _obj in gc.get_objects():
+        if isinstance(_obj, (io.TextIOWrapper, io.BufferedWriter, io.BufferedRandom)) and not _obj.closed:
+            try:
+                _obj.flush()
+            except Exception:
+                pass
+    os._exit(0)
 """
 
 
@@ -224,6 +242,7 @@ def _write(
         "# every rank is past its last collective before any tears its connections down",
         "dist.barrier(device_ids=[device.index]) if _backend == 'nccl' else dist.barrier()",
         "dist.destroy_process_group()",
+        "_leave()",
         "",
     ]
     path.write_text("\n".join(out))
