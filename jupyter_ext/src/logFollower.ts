@@ -25,6 +25,8 @@ export class LogFollower {
   live = true;
   /** Bytes of the log before what `lines` holds (not shown). */
   hiddenBytes = 0;
+  /** Whether the run keeps its lines' times (the kernel's); else a line's time is when it reached the tab. */
+  kernelTimes = false;
   /** The log's lines; the last one may still be growing (no newline yet). */
   readonly lines: ILogLine[] = [];
 
@@ -51,6 +53,9 @@ export class LogFollower {
     this._end = chunk.end;
     if (!chunk.text) {
       return false;
+    }
+    if (chunk.times?.some(t => typeof t === 'number')) {
+      this.kernelTimes = true;
     }
     this._append(chunk.text, first ? null : this._now(), chunk.times);
     this._trim();

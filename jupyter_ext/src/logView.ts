@@ -102,7 +102,10 @@ class LogContent extends Widget {
     const f = this._follower;
     const earlier = f.hiddenBytes ? ` (the first ${f.hiddenBytes} bytes are not shown)` : '';
     const state = f.live ? 'following the live run' : 'the run has ended';
-    return `rank${this.rank}.log of ${this.runId}, read-only, ${state}${earlier}; times are when the kernel received each line`;
+    const times = f.kernelTimes
+      ? 'times are when the kernel received each line'
+      : 'times are when a line reached this tab';
+    return `rank${this.rank}.log of ${this.runId}, read-only, ${state}${earlier}; ${times}`;
   }
 
   private _stopTimer(): void {

@@ -31,6 +31,7 @@ describe('LogFollower lines', () => {
     await log.poll();
     now = 5000;
     await log.poll();
+    expect(log.kernelTimes).toBe(false); // a run without times: when each line reached the tab
     expect(log.lines).toEqual([
       { at: null, text: 'old 1\n' },
       { at: null, text: 'old 2\n' },
@@ -71,6 +72,7 @@ describe('LogFollower lines', () => {
     );
     await log.poll();
     await log.poll();
+    expect(log.kernelTimes).toBe(true);
     expect(log.lines).toEqual([
       { at: 100_000, text: 'old 1\n' },
       { at: 101_000, text: 'old 2\n' },
