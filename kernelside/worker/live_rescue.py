@@ -51,9 +51,11 @@ def _seq() -> int | None:
     return None
 
 
-def where_main(frame=None) -> dict:
+def where_main(frame=None, detail: bool = True) -> dict:
     """The main thread's user line (cell line, or file:line in function) and the collective it waits in;
-    ``frame``: read from there instead (the frame a signal interrupted, given to its handler)."""
+    ``frame``: read from there instead (the frame a signal interrupted, given to its handler); ``detail``:
+    also the torch function it is inside or the C function it calls when no collective is named (what a
+    stopped rank's message says; the twice-a-second ``WaitWatch`` needs only the collective)."""
     frame = _main_frame() if frame is None else frame
     stack = []
     while frame is not None:
@@ -67,7 +69,7 @@ def where_main(frame=None) -> dict:
         elif "torch/autograd" in f.f_code.co_filename and collective is None:
             collective = "backward (gradient all-reduce)"
     inside = None  # no collective named: the torch function it waits in (one that calls C++ directly, as DDP's do)
-    f = stack[0] if stack else None
+    f = stack[0] if stack and detail else None
     if collective is None and f is not None and "/torch/" in f.f_code.co_filename:  # (not torch calling user code)
         path = f.f_code.co_filename
         inside = f"{getattr(f.f_code, 'co_qualname', f.f_code.co_name)} (torch/{path.rsplit('/torch/', 1)[1]})"
@@ -81,7 +83,7 @@ def where_main(frame=None) -> dict:
         where = f"{path}, line {f.f_lineno}"
         line = where if path.startswith("<%%distributed cell") else f"{where}, in {f.f_code.co_name}"
         break
-    calling = _calling(stack[0]) if stack and collective is None and inside is None and line else None
+    calling = _calling(stack[0]) if detail and stack and collective is None and inside is None and line else None
     return {"line": line, "collective": collective, "inside": inside, "calling": calling, "seq": _seq()}
 
 
@@ -132,7 +134,7 @@ class WaitWatch:
 
     def check(self, busy: bool) -> None:
         """Called by the reader thread about every half second."""
-        at = where_main() if busy else None
+        at = where_main(detail=False) if busy else None
         key = (at["collective"], at["seq"], at["line"]) if at and at["collective"] else None
         if key != self.seen:
             self.seen, self.sent = key, False
