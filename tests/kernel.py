@@ -151,6 +151,16 @@ class Cell:
     def stderr(self) -> str:
         return "".join(c["text"] for k, c in self.outputs if k == "stream" and c["name"] == "stderr")
 
+    def widget_states(self) -> list[dict]:
+        """The state of every widget the cell opened (comm_open), with its later updates applied."""
+        states = {}
+        for kind, c in self.messages:
+            if kind == "comm_open":
+                states[c["comm_id"]] = dict(c["data"]["state"])
+            elif kind == "comm_msg" and c["comm_id"] in states and c["data"].get("method") == "update":
+                states[c["comm_id"]].update(c["data"]["state"])
+        return list(states.values())
+
     @property
     def error(self) -> dict | None:
         for k, c in self.outputs:

@@ -41,13 +41,7 @@ def kernel(tmp_path_factory):
 
 
 def _bars(cell):
-    states = {}
-    for kind, c in cell.messages:
-        if kind == "comm_open":
-            states[c["comm_id"]] = dict(c["data"]["state"])
-        elif kind == "comm_msg" and c["comm_id"] in states and c["data"].get("method") == "update":
-            states[c["comm_id"]].update(c["data"]["state"])
-    return [(s["max"], s["value"]) for s in states.values() if s["_model_name"] == "FloatProgressModel"]
+    return [(s["max"], s["value"]) for s in cell.widget_states() if s["_model_name"] == "FloatProgressModel"]
 
 
 def test_lightnings_default_rich_bar_becomes_nblaunchs_bar_without_control_codes(kernel):

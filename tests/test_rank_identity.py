@@ -129,17 +129,6 @@ dist.all_reduce(t)
     assert "SIGTERM" not in rank1
 
 
-def _comm_states(cell):
-    """The state of every widget the cell opened (comm_open) with its later updates applied."""
-    states = {}
-    for kind, c in cell.messages:
-        if kind == "comm_open":
-            states[c["comm_id"]] = dict(c["data"]["state"])
-        elif kind == "comm_msg" and c["comm_id"] in states and c["data"].get("method") == "update":
-            states[c["comm_id"]].update(c["data"]["state"])
-    return list(states.values())
-
-
 def test_lightning_tqdm_bar_made_in_the_kernel_draws_nblaunch_bars_not_widgets_from_the_rank(kernel):
     kernel.run(LIGHTNING_MODULE + "from lightning.pytorch.callbacks import TQDMProgressBar").ok()
     cell = kernel.run(
@@ -151,7 +140,7 @@ trainer.fit(Regressor(), torch.utils.data.DataLoader(data, batch_size=8))
 """,
         timeout=240,
     ).ok()
-    bars = [s for s in _comm_states(cell) if s["_model_name"] == "FloatProgressModel"]
+    bars = [s for s in cell.widget_states() if s["_model_name"] == "FloatProgressModel"]
     # one bar (rank 0's), drawn by the kernel: 4 steps an epoch
     assert [(b["max"], b["value"]) for b in bars] == [(4.0, 4.0)]
     # nothing else was displayed: no notebook bar of the rank's own (its widget, or its text stand-in)
@@ -170,6 +159,6 @@ from IPython.display import display
 slider = ipywidgets.IntSlider(value=7, description="from rank")
 display(slider)
 """).ok()
-    assert not any(s["_model_name"] == "IntSliderModel" for s in _comm_states(cell))
+    assert not any(s["_model_name"] == "IntSliderModel" for s in cell.widget_states())
     shown = [c["data"] for k, c in cell.outputs if k == "display_data" and "IntSlider" in c["data"]["text/plain"]]
     assert shown == [{"text/plain": "IntSlider(value=7, description='from rank')"}]

@@ -64,10 +64,15 @@ def _one_at_a_time(method):
     return wrapper
 
 
+def _shell():
+    """IPython's shell, or None (IPython not loaded, or no shell running)."""
+    ip_mod = sys.modules.get("IPython")
+    return ip_mod.get_ipython() if ip_mod is not None else None
+
+
 def kernel_namespace() -> dict:
     """The notebook's namespace: IPython's user namespace, else ``__main__``'s."""
-    ip_mod = sys.modules.get("IPython")
-    shell = ip_mod.get_ipython() if ip_mod is not None else None
+    shell = _shell()
     return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
 
 
@@ -395,7 +400,6 @@ def _in_kernel_thread(fn) -> None:
     if threading.current_thread() is threading.main_thread():
         fn()
         return
-    shell = sys.modules.get("IPython") and sys.modules["IPython"].get_ipython()
-    loop = getattr(getattr(shell, "kernel", None), "io_loop", None)
+    loop = getattr(getattr(_shell(), "kernel", None), "io_loop", None)
     if loop is not None:
         loop.add_callback(fn)
