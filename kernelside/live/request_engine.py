@@ -8,8 +8,8 @@ back to idle with its namespace instead of ending it:
 
 - SIGINT (``KeyboardInterrupt`` in its Python code), after asking it where it is (``where``);
 - a rank still not back ``ABORT_AFTER_S`` later waits in a C-level collective, which no Python
-  interrupt reaches under gloo: every rank is told to ``abort`` (close its process-group sockets,
-  ``worker.live_rescue``), so every blocked collective raises at once;
+  interrupt reaches: every rank is told to ``abort`` (close its process-group sockets, abort its NCCL
+  communicators: ``worker.live_rescue``), so every blocked collective returns at once;
 - then, if the group was aborted or the ranks ran different numbers of collectives, every rank
   ``rebuild``s the default group in place (same processes, DDP models re-pointed).
 

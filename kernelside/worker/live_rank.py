@@ -16,8 +16,9 @@ namespace as their globals (``rebuild_function``), so they see the names the cel
 
 The request pipe is read by a thread of the rank (``RequestReader``), not by the main thread: it
 queues the requests and answers the kernel's ``abort`` and ``where`` at once, even while the main
-thread waits in a C-level collective (``worker.live_rescue``). ``rebuild`` makes the default
-process group again in the same process after an abort; the namespace stays.
+thread waits in a C-level collective (``worker.live_rescue``: gloo's connections shut down, NCCL's
+communicators aborted). ``rebuild`` makes the default process group again in the same process
+after an abort; the namespace stays.
 
 Example (what the kernel side sends, see ``live.session``)::
 
@@ -61,6 +62,10 @@ class _LiveRankState:
 # rebuilt from the kernel (which take no session argument) must see this rank's state.
 LIVE_RANK = _LiveRankState()
 CONTROL_KINDS = ("abort", "where")
+# NCCL's watchdog must not end a live rank whose communicator the kernel aborted (worker.live_rescue): with
+# torch's default (3) it may end the process on the aborted work; torch's _abort_process_group asks for 0.
+# A collective that fails on its own then waits until the cell is stopped (■, --timeout, a peer's failure).
+NCCL_LIVE_ERROR_HANDLING = ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "0")
 
 
 def rebuild_function(code, name, defaults, kwdefaults, closure, qualname, doc, fdict):
@@ -131,11 +136,11 @@ class RequestReader:
         if req["kind"] == "where":
             self._where()
             return
-        with self.abort_lock:  # abort: this rank's process-group sockets, so every blocked peer returns
+        with self.abort_lock:  # abort: this rank's group connections and communicators; every blocked peer returns
             self._where()
             LIVE_RANK.aborted = True
             LIVE_RANK.abort_seen.set()
-            live_rescue.close_group_sockets(self.inherited)
+            live_rescue.abort_group(self.inherited)
 
     def _where(self) -> None:
         """Where the main thread is in the request it runs, or that it has not started the one queued."""
@@ -158,6 +163,8 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
     """Set up once, then serve requests until the kernel says stop or closes the pipe."""
     LIVE_RANK.namespace = namespace
     inherited = live_rescue.socket_inodes()  # before the process group exists: none of these is its
+    if spec.backend == "nccl":  # before the group exists (torch reads it then); a user's own value stays
+        os.environ.setdefault(*NCCL_LIVE_ERROR_HANDLING)
     failed = start_rank(spec, events, [namespace], replies_fd)
     if failed is not None:
         return failed

@@ -8,6 +8,17 @@ With three or more ranks, one rank's sockets reach only its ring neighbours, so 
 *every* rank to close its own (``abort``): each is read by the rank's request reader thread
 (``worker.live_rank``), which runs while the main thread waits in C++ (gloo releases the GIL).
 
+NCCL (by construction; the GPU kit's ``tests/gpu/test_gpu_live_recovery.py`` runs it): an NCCL
+collective waits on the GPU, not on sockets. ``ProcessGroup.abort()`` is NCCL's communicator abort
+(``ncclCommAbort``): the collective's kernels return, so a main thread blocked in ``barrier()``,
+``.item()`` or ``synchronize()`` comes back (to the SIGINT the kernel sent first). torch says to use
+it with ``TORCH_NCCL_ASYNC_ERROR_HANDLING=0``, or its watchdog may end the process on the aborted
+work; a live rank sets that default (``worker.live_rank``). The rebuild then tears the aborted
+groups down with ``_abort_process_group`` (``destroy_process_group`` would shut down communicators
+that are gone) and makes the NCCL communicator at once, as the rank's start does. A rank that ran
+ahead (NCCL collectives are asynchronous: its cell can end with a collective still on the GPU)
+shows as ranks out of step, and its rebuild aborts that collective first.
+
 The reader thread also says where the main thread is (``where``: the user's line and the collective
 it waits in, read from the main thread's Python stack) and, when the main thread has waited in one
 collective for ``WAIT_REPORT_S``, sends a ``waiting`` event: the kernel compares them across ranks
@@ -17,7 +28,7 @@ Example (in a rank)::
 
     >>> where_main()                                   # doctest: +SKIP
     {'line': '<%%distributed cell [4]>, line 5', 'collective': 'barrier', 'inside': None, 'seq': 7}
-    >>> close_group_sockets(); rebuild_group(2, namespace)   # doctest: +SKIP
+    >>> abort_group(inherited); rebuild_group(2, namespace)   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -163,6 +174,56 @@ def socket_inodes() -> frozenset[str]:
     return frozenset(found)
 
 
+def abort_group(inherited: frozenset[str] = frozenset()) -> None:
+    """Make every collective this rank waits in return (the reader thread, while the main thread waits in C):
+    its process-group connections shut down (gloo's pairs, NCCL's bootstrap; ``close_group_sockets``), then
+    its NCCL communicators aborted (``abort_nccl``). Sockets first: an NCCL group still connecting waits on
+    them, and its abort would wait for that."""
+    close_group_sockets(inherited)
+    abort_nccl()
+
+
+def nccl_groups() -> list:
+    """This rank's process groups with an NCCL backend, as (group, backend), in the order torch aborts them
+    (``_abort_process_group``: by name, the newest first). Empty without NCCL or a process group."""
+    try:
+        import torch
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+    except ImportError:
+        return []
+    if not (dist.is_available() and dist.is_initialized() and c10d.is_nccl_available()):
+        return []
+    found = []
+    names = dict(c10d._world.pg_names)  # (read once: the main thread may be anywhere)
+    for pg in sorted(names, key=lambda g: names[g], reverse=True):
+        try:
+            backend = pg._get_backend(torch.device("cuda"))
+        except RuntimeError:  # no CUDA backend in this group (gloo only)
+            continue
+        if isinstance(backend, dist.ProcessGroupNCCL):
+            found.append((pg, backend))
+    return found
+
+
+def abort_nccl() -> int:
+    """Abort every NCCL communicator of this rank (``ProcessGroup.abort()``: ncclCommAbort; the collectives
+    on the GPU return). torch's own bookkeeping of the groups is left to the main thread's rebuild. Between
+    ncclGroupStart/End, as torch does, so that the communicators' aborts do not wait on each other. How many
+    groups were aborted."""
+    groups = nccl_groups()
+    if not groups:
+        return 0
+    first = groups[0][1]
+    first._group_start()
+    try:
+        for pg, _ in groups:
+            pg.abort()
+    finally:
+        first._group_end()
+    return len(groups)
+
+
 def close_group_sockets(inherited: frozenset[str] = frozenset()) -> int:
     """Shut down every established TCP connection this rank opened, except the rendezvous store's: the
     process group's pair sockets. A collective blocked on them raises at once. Returns how many.
@@ -225,9 +286,17 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
     # (The old group's sockets are shut down already, so its destructor has nothing to wait for.)
     init = getattr(dist.init_process_group, "__wrapped__", dist.init_process_group)
     destroy = getattr(dist.destroy_process_group, "__wrapped__", dist.destroy_process_group)
-    destroy()
+    nccl = bool(nccl_groups())
+    if nccl:  # every group's communicators aborted (again, or first: a rank that ran ahead), then forgotten
+        c10d._abort_process_group()
+    else:
+        destroy()
     store = dist.PrefixStore(f"nblaunch-rebuild-{gen}", store)
     init(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)  # the old group's timeout
+    if nccl:  # the communicator made now, as at the rank's start (worker.lifecycle): not in the next cell
+        import torch
+
+        dist.barrier(device_ids=[torch.cuda.current_device()])
     notes = _repoint(old, c10d._get_default_group())
     if held:
         notes.append(

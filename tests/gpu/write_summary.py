@@ -6,7 +6,7 @@ writes what it knows, starting with the line that says why nothing ran.
     python tests/gpu/write_summary.py OUTDIR STAGES_TSV WORKDIR START_EPOCH
 
 STAGES_TSV holds one "stage<TAB>status<TAB>detail" line per step of on_device.sh; WORKDIR may hold
-nvidia-smi.txt; the bench tables are bench/results/gpu_*.md written after START_EPOCH.
+nvidia-smi.txt; the bench tables are the BENCHES' files in bench/results/ written after START_EPOCH.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ BENCHES = {
     "gpu_launch": "bench/gpu_launch.py",
     "gpu_steady": "bench/gpu_steady.py",
     "gpu_steady-shared": "bench/gpu_steady.py --ranks-per-gpu 2",
+    "live_recovery-nccl-quick": "bench/live_recovery.py --backend nccl --quick",
 }
 
 _VERSIONS = r"""
