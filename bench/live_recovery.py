@@ -15,8 +15,8 @@ state survived. "before" is the same kernelside at ``--before`` (extracted with 
 a temporary folder and run in its own kernel): it restarted the world after the failure (new
 processes, state gone), so its next cell recreates the model first. "restart" (``--against
 restart``, and always with NCCL, whose recovery the code before did not have) is this code with
-the world restarted after the failure (``%distributed_restart``) and the model made again: what a
-failure cost before, and what it costs wherever recovery in place is not possible.
+the world restarted after the failure (``%distributed_restart``), so the next cell makes the model
+again: what a failure cost before, and what it costs wherever recovery in place is not possible.
 
 NCCL needs a GPU per rank: rows for more ranks than GPUs are left out, said so. ``--budget-s``
 stops starting failures once the next would pass it (the GPU kit's deadline); the rows say how many ran.
@@ -60,7 +60,7 @@ def _code_before(ref: str, into: str) -> str:
 
 def measure(pythonpath: str, n: int, failures: int, *, backend: str, restart: bool, deadline: float) -> dict:
     """``failures`` rounds (fewer when the next would start past ``deadline``, a monotonic time). ``restart``:
-    the world is restarted after each failure and the model made again before the next cell."""
+    the world is restarted after each failure, and the next cell makes the model again."""
     k = start_kernel(pythonpath=pythonpath, cwd=pythonpath)
     stamp = os.path.join(tempfile.mkdtemp(prefix="nblaunch-bench-"), "failed_at")
     rows = {"error_s": [], "next_s": [], "kept": [], "pids_same": []}
@@ -78,9 +78,8 @@ def measure(pythonpath: str, n: int, failures: int, *, backend: str, restart: bo
             cell = k.run(FAIL.format(path=stamp), timeout=120)
             errored = time.time()
             assert cell.error is not None, "the failing cell did not fail"
-            if restart:
+            if restart:  # (then the next cell makes the model again, as the code before had to)
                 k.run("%distributed_restart", timeout=300).ok()
-                k.run(SETUP).ok()
             k.run(NEXT, timeout=120).ok()
             done = time.time()
             with open(stamp) as fh:
