@@ -63,6 +63,13 @@ class Kernel:
         template = self.template_pid()
         return [c for c in psutil.Process(self.pid).children(recursive=True) if c.pid != template]
 
+    def process_counts(self) -> tuple:
+        """What must stay flat across a live session's failures: the pids, fd counts and thread counts of the
+        kernel's descendants (its ranks; not the forkserver template), and the kernel's own thread count."""
+        procs = sorted(self.children(), key=lambda p: p.pid)
+        own = psutil.Process(self.pid).num_threads()
+        return [p.pid for p in procs], [p.num_fds() for p in procs], [p.num_threads() for p in procs], own
+
     def run(self, code: str, timeout: float = 120, *, on_output=None, on_input=None) -> Cell:
         """Execute ``code`` and wait for it; past ``timeout`` a TimeoutError whose ``cell`` has what it showed
         so far (``wait(cell)`` waits on). ``on_input(prompt, password) -> str`` answers its input requests,

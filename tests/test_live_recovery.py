@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import time
 
-import psutil
 import pytest
 from kernel import Kernel
 
@@ -126,18 +125,12 @@ def test_timeout_with_a_rank_in_a_c_level_collective_keeps_state_and_says_where_
 
 
 def test_ten_failures_in_a_row_leave_fds_threads_and_pids_flat(three):
-    kernel = psutil.Process(three.pid)
-
-    def counts():
-        ranks = sorted(kernel.children(), key=lambda p: p.pid)
-        return [p.pid for p in ranks], [p.num_fds() for p in ranks], [p.num_threads() for p in ranks]
-
     three.run("%%distributed\nif rank == 1:\n    raise ValueError('warm up')\ndist.barrier()")
-    before = counts(), kernel.num_threads()
+    before = three.process_counts()
     for i in range(10):
         cell = three.run(f"%%distributed\nif rank == {i % 3}:\n    raise ValueError('again')\ndist.barrier()")
         assert "every rank kept its state" in _text(cell), _text(cell)
-    assert (counts(), kernel.num_threads()) == before
+    assert three.process_counts() == before
     _assert_state_and_step_in_sync(three, 3)
 
 

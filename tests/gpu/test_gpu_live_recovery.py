@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import time
 
-import psutil
 import pytest
 from kernel import Kernel
 
@@ -146,16 +145,10 @@ def test_a_rank_that_ran_ahead_with_an_nccl_collective_on_its_gpu_is_brought_bac
 
 
 def test_three_failures_in_a_row_leave_the_ranks_threads_and_fds_flat(two):
-    kernel = psutil.Process(two.pid)
-
-    def counts():
-        ranks = sorted(kernel.children(), key=lambda p: p.pid)
-        return [p.pid for p in ranks], [p.num_fds() for p in ranks], [p.num_threads() for p in ranks]
-
     two.run("%%distributed\nif rank == 1:\n    raise ValueError('warm up')\ndist.barrier()", timeout=60)
-    before = counts()
+    before = two.process_counts()
     for i in range(3):
         cell = two.run(f"%%distributed\nif rank == {i % 2}:\n    raise ValueError('again')\ndist.barrier()", timeout=60)
         assert "every rank kept its state" in _text(cell), _text(cell)
-    assert counts() == before
+    assert two.process_counts() == before
     _assert_state_and_step_in_sync(two, 2)
