@@ -53,9 +53,9 @@ def __dir__() -> list[str]:
 
 
 def _in_jupyter_kernel() -> bool:
-    ip_mod = sys.modules.get("IPython")
-    shell = ip_mod.get_ipython() if ip_mod is not None else None
-    return getattr(shell, "kernel", None) is not None
+    from .notebook.cell_label import running_shell
+
+    return getattr(running_shell(), "kernel", None) is not None
 
 
 def _warm_up_after_this_cell(*_args) -> None:

@@ -12,11 +12,11 @@ ipywidgets, ``output="none"``); workers then draw tqdm text bars on stderr inste
 from __future__ import annotations
 
 import html
-import sys
 import time
 
 from tqdm import std as tqdm_std
 
+from ..notebook.cell_label import running_shell
 from ..run_contract import RankState
 from .metrics_chart import MetricsChart
 from .run_links import log_links_html, run_link_html, run_name
@@ -27,8 +27,7 @@ CHART_S = 0.5
 
 def widgets_can_render() -> bool:
     """True inside a Jupyter kernel (not terminal IPython) with ipywidgets installed."""
-    ip_mod = sys.modules.get("IPython")
-    shell = ip_mod.get_ipython() if ip_mod is not None else None
+    shell = running_shell()
     if shell is None or getattr(shell, "kernel", None) is None:
         return False
     try:

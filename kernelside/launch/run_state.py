@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from ..notebook.cell_label import running_cell_count
+from ..notebook.cell_label import running_cell_count, running_shell
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
@@ -77,8 +77,7 @@ def running_cell() -> dict:
         >>> running_cell()  # in the cell the notebook shows as [3]: %%distributed -n 2   # doctest: +SKIP
         {'cell': 3, 'flags': '-n 2'}
     """
-    ipython = sys.modules.get("IPython")  # never imported here: a plain script has no shell
-    shell = ipython.get_ipython() if ipython is not None else None
+    shell = running_shell()
     history = getattr(shell, "history_manager", None)
     if shell is None or history is None or not history.input_hist_raw:
         return {"cell": None, "flags": None}

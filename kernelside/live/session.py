@@ -36,6 +36,7 @@ from ..errors import LaunchConfigError, LaunchError, WorkerError
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, plan_for, run_engine
+from ..notebook.cell_label import running_shell
 from . import registry
 from .names import NameSender, dumps
 from .request_engine import LiveRunEngine
@@ -64,15 +65,9 @@ def _one_at_a_time(method):
     return wrapper
 
 
-def _shell():
-    """IPython's shell, or None (IPython not loaded, or no shell running)."""
-    ip_mod = sys.modules.get("IPython")
-    return ip_mod.get_ipython() if ip_mod is not None else None
-
-
 def kernel_namespace() -> dict:
     """The notebook's namespace: IPython's user namespace, else ``__main__``'s."""
-    shell = _shell()
+    shell = running_shell()
     return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
 
 
@@ -400,6 +395,6 @@ def _in_kernel_thread(fn) -> None:
     if threading.current_thread() is threading.main_thread():
         fn()
         return
-    loop = getattr(getattr(_shell(), "kernel", None), "io_loop", None)
+    loop = getattr(getattr(running_shell(), "kernel", None), "io_loop", None)
     if loop is not None:
         loop.add_callback(fn)

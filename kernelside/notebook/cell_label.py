@@ -2,7 +2,8 @@
 
 IPython 9 counts a cell before running it (``shell.execution_count`` is already the next cell's number while
 it runs); older IPython counts after. The input history has the running cell stored last either way, so its
-index is the count the notebook shows.
+index is the count the notebook shows. ``running_shell`` finds the shell without importing IPython
+(a plain script has none).
 
 Example::
 
@@ -11,6 +12,14 @@ Example::
 """
 
 from __future__ import annotations
+
+import sys
+
+
+def running_shell():
+    """IPython's running shell, or None: IPython not imported (never imported here), or no shell running."""
+    ipython = sys.modules.get("IPython")
+    return ipython.get_ipython() if ipython is not None else None
 
 
 def running_cell_count(shell) -> int:
