@@ -6,6 +6,7 @@ working, and nothing behind. (2 ranks, barrier and ■: tests/test_live_ranks.py
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import pytest
@@ -110,6 +111,9 @@ def test_a_collective_its_peers_never_join_is_named_when_they_finish_the_cell(th
     cell = three.run("%%distributed\nif rank == 0:\n    dist.barrier()", timeout=60)
     text = _text(cell)
     assert "rank 0 in barrier (collective #" in text and "rank(s) 1, 2 never joined: they finished the cell" in text
+    # the collective count each finished rank ended at, and nothing about ranks on different groups
+    assert re.search(r"they finished the cell \(rank 1 at collective #\d+, rank 2 at collective #\d+\)", text), text
+    assert "different process groups" not in text
     _assert_state_and_step_in_sync(three, 3)
 
 

@@ -212,11 +212,17 @@ class LiveRunEngine(Engine):
         what = "; ".join(
             f"rank {r} in {c['collective']} (collective #{c['seq']}) at {c['line']}" for r, c in calls.items()
         )
+        ended = {r: rec.idle.get(r, {}) for r in finished}  # their idle: the collective count they ended at
         if finished:
             names = ", ".join(map(str, finished))
-            message = f"{what}, which rank(s) {names} never joined: they finished the cell"
+            counts = ", ".join(f"rank {r} at collective #{i.get('seq')}" for r, i in ended.items())
+            message = f"{what}, which rank(s) {names} never joined: they finished the cell ({counts})"
         else:
             message = f"the ranks called different collectives, which can never complete: {what}"
+        groups = {r: c.get("group") for r, c in calls.items()} | {r: i.get("group") for r, i in ended.items()}
+        if len(set(groups.values())) > 1:  # never meant to happen: the rebuild puts every rank on the same group
+            on = ", ".join(f"rank {r} on #{g}" for r, g in sorted(groups.items()))
+            message += f"; the ranks are on different process groups ({on}): %distributed_restart makes them again"
         self.mismatch = True
         rec.engine_failed(message)
 

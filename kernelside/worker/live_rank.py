@@ -91,7 +91,8 @@ def _rss() -> int:
 
 
 def _idle(events, req_id: int, **extra) -> None:
-    events.send("idle", {**stamp(), "cell": req_id, "seq": live_rescue._seq(), "rss": _rss(), **extra})
+    payload = {**stamp(), "cell": req_id, "seq": live_rescue._seq(), "group": live_rescue.group_generation}
+    events.send("idle", {**payload, "rss": _rss(), **extra})
 
 
 class RequestReader:

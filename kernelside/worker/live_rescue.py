@@ -45,6 +45,9 @@ PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pi
 WAIT_REPORT_S = 1.0  # a collective waited in this long is reported (mismatch detection)
 _OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/: never "the user's line"
 _COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
+# the generation of the default group this process is on: 0, the one made at its start; ``rebuild_group``'s
+# ``gen`` after it (said in ``where`` answers and ``idle`` events: ranks on different groups never meet)
+group_generation = 0
 
 
 def _main_frame():
@@ -95,7 +98,14 @@ def where_main(frame=None, detail: bool = True) -> dict:
         line = where if path.startswith("<%%distributed cell") else f"{where}, in {f.f_code.co_name}"
         break
     calling = _calling(stack[0]) if detail and stack and collective is None and inside is None and line else None
-    return {"line": line, "collective": collective, "inside": inside, "calling": calling, "seq": _seq()}
+    return {
+        "line": line,
+        "collective": collective,
+        "inside": inside,
+        "calling": calling,
+        "seq": _seq(),
+        "group": group_generation,
+    }
 
 
 _LOADS = ("LOAD_ATTR", "LOAD_METHOD", "LOAD_NAME", "LOAD_GLOBAL", "LOAD_FAST", "LOAD_DEREF")
@@ -297,6 +307,8 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
         import torch
 
         dist.barrier(device_ids=[torch.cuda.current_device()])
+    global group_generation
+    group_generation = gen
     notes = _repoint(old, c10d._get_default_group())
     if held:
         notes.append(
