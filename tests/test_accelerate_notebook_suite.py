@@ -22,6 +22,7 @@ import time
 import accelerate
 import psutil
 import pytest
+from reference_scripts import LEAVE
 
 import kernelside
 
@@ -138,7 +139,7 @@ def torchrun_results(tmp_path_factory):
     env.update(ACCELERATE_USE_CPU="True", OMP_NUM_THREADS="1")  # what accelerate launch exports for MULTI_CPU
     runs = {}
     for name in PEER_SCRIPTS:
-        (root / f"{name}_runner.py").write_text(runner(name))
+        (root / f"{name}_runner.py").write_text(runner(name) + LEAVE)  # (reference_scripts.py)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]

@@ -7,6 +7,8 @@ import socket
 import subprocess
 import sys
 
+from reference_scripts import LEAVE
+
 from jupyter_ext.config_store import ConfigStore
 from kernelside import config
 
@@ -29,7 +31,7 @@ def test_exported_config_launches_two_ranks_with_accelerate(tmp_path, monkeypatc
     monkeypatch.delenv(config.ENV_CONFIG, raising=False)
     root = tmp_path / "root"
     root.mkdir()
-    (root / "probe.py").write_text(PROBE)
+    (root / "probe.py").write_text(PROBE + LEAVE)  # (reference_scripts.py)
     values = {"num_processes": 2, "mixed_precision": "bf16", "main_process_port": _free_port()}
     answer = ConfigStore(root).export_accelerate({"path": "accelerate_config.yaml", "values": values})
     assert answer["command"] == "accelerate launch --config_file accelerate_config.yaml train.py"
