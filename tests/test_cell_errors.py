@@ -61,18 +61,20 @@ def _interrupt_when(kernel, marker: str):
     return on_output
 
 
-def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_naming_where_each_rank_was(kernel):
+def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_naming_where_each_rank_was(kernel, tmp_path):
     before = _children(kernel.pid)
+    asleep = str(tmp_path / "rank1-asleep")  # rank 0 says "waiting" only once rank 1 is in its sleep (line 4)
     body = (
-        "%%distributed -n 2\nimport torch.distributed as dist\nprint('waiting', flush=True)\n"
-        "if rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)\n"
+        "%%distributed -n 2\nimport os, time, torch.distributed as dist\nif rank == 1:\n"
+        f"    open({asleep!r}, 'w').close(); time.sleep(60)\n"
+        f"while not os.path.exists({asleep!r}): time.sleep(0.01)\nprint('waiting', flush=True)\ndist.barrier()\n"
     )
     cell = kernel.run(body, timeout=60, on_output=_interrupt_when(kernel, "waiting"))
     assert cell.error["ename"] == "KeyboardInterrupt"
     text, count = _text(cell), cell.reply["execution_count"]
     assert "interrupted" in cell.error["evalue"] and "nothing is left running" in cell.error["evalue"]
-    assert f"rank 0: cell In[{count}], line 5 in <module>, waiting in torch.distributed.barrier()" in text, text
-    assert f"rank 1: cell In[{count}], line 7 in <module>" in text, text
+    assert f"rank 0: cell In[{count}], line 7 in <module>, waiting in torch.distributed.barrier()" in text, text
+    assert f"rank 1: cell In[{count}], line 4 in <module>" in text, text
     assert not NBLAUNCH_FRAME.search(text), text
     assert len(text.splitlines()) <= 6, text
     assert _children(kernel.pid) <= before
