@@ -176,7 +176,7 @@ def test_interrupt_during_sleep_raises_keyboardinterrupt_within_half_a_second_an
     assert after.error is None and kernel.run("print(s)").ok().stdout.strip() == "[0, 100]"
 
 
-def test_interrupt_during_a_collective_keeps_every_ranks_state_and_says_where_each_rank_was(kernel):
+def test_interrupt_during_a_collective_keeps_every_ranks_state_and_says_where_each_rank_was(kernel, tmp_path):
     kernel.run("%%distributed\nheld = rank + 7").ok()
     pids = _pids(kernel)
     sent = {}
@@ -186,10 +186,13 @@ def test_interrupt_during_a_collective_keeps_every_ranks_state_and_says_where_ea
             sent["t"] = time.monotonic()
             kernel.interrupt()
 
-    # rank 1 never joins the barrier: rank 0 sits in gloo's C++ wait, where SIGINT cannot reach Python
+    # rank 1 never joins the barrier: rank 0 sits in gloo's C++ wait, where SIGINT cannot reach Python;
+    # rank 0 says "waiting" only once rank 1 is in its sleep (line 4), so where each was is known
+    asleep = str(tmp_path / "rank1-asleep")
     cell = kernel.run(
-        "%%distributed\nimport torch.distributed as dist\nprint('waiting', flush=True)\n"
-        "if rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)",
+        "%%distributed\nimport torch.distributed as dist\nif rank == 1:\n"
+        f"    open({asleep!r}, 'w').close(); time.sleep(60)\n"
+        f"while not os.path.exists({asleep!r}): time.sleep(0.01)\nprint('waiting', flush=True)\ndist.barrier()",
         timeout=60,
         on_output=on_output,
     )
@@ -197,8 +200,8 @@ def test_interrupt_during_a_collective_keeps_every_ranks_state_and_says_where_ea
     assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
     assert elapsed < 5, elapsed
     assert "every rank stopped the cell and kept its state" in _error_text(cell)
-    assert "rank 0 was at <%%distributed cell" in cell.stderr and "line 5, waiting in barrier" in cell.stderr
-    assert "rank 1 was at <%%distributed cell" in cell.stderr and "line 7, calling sleep()" in cell.stderr
+    assert "rank 0 was at <%%distributed cell" in cell.stderr and "line 7, waiting in barrier" in cell.stderr
+    assert "rank 1 was at <%%distributed cell" in cell.stderr and "line 4, calling sleep()" in cell.stderr
     assert "restarted" not in cell.stderr and _pids(kernel) == pids
     after = kernel.run(
         "%%distributed --return-from all --return h\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"
