@@ -25,6 +25,7 @@ from reference_scripts import LEAVE
 
 from kernelside import notebook_launcher
 from kernelside.errors import LaunchConfigError
+from kernelside.launch import hardware
 
 TRAIN = """
 import torch, torch.distributed as dist
@@ -155,18 +156,54 @@ def test_a_deepspeed_plugin_written_in_the_cell_runs_deepspeed_on_cpu_ranks(work
     assert got["losses"] == pytest.approx(expected[2]["losses"], rel=1e-5)
 
 
-def test_fp16_on_a_cpu_deepspeed_cannot_run_it_on_is_refused_before_anything_starts(in_workdir, tmp_path):
-    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
-
-    # DeepSpeed's own answer for this CPU; measured under accelerate launch: both ranks start, then stop in
-    # prepare() with "ValueError: Type fp16 is not supported on your device." about 30 s later
-    if CPU_Accelerator().is_fp16_supported():
-        pytest.fail("this CPU has fp16 kernels: the refusal cannot be shown here (DeepSpeed would run fp16)")
+def fp16_config(tmp_path) -> str:
     cfg = {**accelerate_config(2, 29743), "mixed_precision": "fp16"}
     cfg["deepspeed_config"] = {"zero_stage": 2}
     (tmp_path / "fp16.yaml").write_text(yaml.safe_dump(cfg))
-    with pytest.raises(LaunchConfigError, match=r"DeepSpeed on CPU runs fp16 only where .*Nothing was started"):
-        notebook_launcher(train_from_config, num_processes=2, config=str(tmp_path / "fp16.yaml"))
+    return str(tmp_path / "fp16.yaml")
+
+
+FP16_REFUSED = r"DeepSpeed on CPU runs fp16 only where .*Nothing was started"
+
+
+def test_fp16_deepspeed_on_cpu_ranks_runs_where_this_cpu_has_fp16_kernels_and_is_refused_where_not(
+    in_workdir, tmp_path
+):
+    """The branch this machine takes, for real: with fp16 kernels (AVX512-FP16, AMX-FP16) DeepSpeed trains in fp16
+    and gives `accelerate launch`'s losses; without them the launch is refused before any rank starts (measured
+    under accelerate launch: both ranks start, then stop in prepare() with "Type fp16 is not supported on your
+    device" about 30 s later)."""
+    config = fp16_config(tmp_path)
+    if not hardware.cpu_has_fp16_kernels():
+        with pytest.raises(LaunchConfigError, match=FP16_REFUSED):
+            notebook_launcher(train_from_config, num_processes=2, config=config)
+        return
+    (tmp_path / "train.py").write_text(SCRIPT + LEAVE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCELERATE_")}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", config, str(tmp_path / "train.py")]
+    ref = subprocess.run(cmd, cwd=in_workdir, env=env, capture_output=True, text=True, timeout=420)
+    assert ref.returncode == 0, f"accelerate launch, fp16:\n{(ref.stdout + ref.stderr)[-3000:]}"
+    expected = json.loads(next(ln for ln in ref.stdout.splitlines() if ln.startswith("RESULT "))[7:])
+    got = notebook_launcher(train_from_config, num_processes=2, config=config)
+    assert (got["engine"], expected["engine"]) == ("DeepSpeedEngine", "DeepSpeedEngine")
+    assert got["losses"] == pytest.approx(expected["losses"], rel=1e-5)
+
+
+@pytest.mark.parametrize("has_fp16_kernels", [True, False], ids=["cpu-with-fp16-kernels", "cpu-without"])
+def test_the_fp16_refusal_follows_the_cpus_answer_whichever_it_is(has_fp16_kernels, in_workdir, tmp_path, monkeypatch):
+    """The other branch, by injecting the hardware answer where nblaunch asks it (``launch.hardware``): the ranks'
+    environment for fp16 DeepSpeed on CPU, or the refusal, as the CPU's answer says."""
+    from kernelside.config import resolve_config
+    from kernelside.launch.accelerate_env import accelerate_env
+
+    monkeypatch.setattr(hardware, "cpu_has_fp16_kernels", lambda: has_fp16_kernels)
+    values = resolve_config({}, config=fp16_config(tmp_path)).values
+    if has_fp16_kernels:
+        env = accelerate_env(values, use_cpu=True)
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_MIXED_PRECISION"] == "fp16"
+    else:
+        with pytest.raises(LaunchConfigError, match=FP16_REFUSED):
+            accelerate_env(values, use_cpu=True)
 
 
 def test_deepspeed_not_installed_fails_the_cell_before_any_rank_starts(workdir, tmp_path):

@@ -32,6 +32,7 @@ import yaml
 
 from ..config.accelerate import distributed_type, export_accelerate
 from ..errors import LaunchConfigError
+from . import hardware
 
 PREFIXES = ("ACCELERATE_", "FSDP_", "MEGATRON_LM_", "PARALLELISM_CONFIG_")
 _NOTHING = "Nothing was started."
@@ -164,7 +165,7 @@ def _refuse_what_deepspeed_refuses(values: dict, use_cpu: bool) -> None:
                 f"path to DeepSpeed's JSON config, absolute or relative to the notebook's folder. {_NOTHING}",
             ) from None
     fp16 = values["mixed_precision"] == "fp16" or bool((ds_file.get("fp16") or {}).get("enabled") is True)
-    if use_cpu and fp16 and not _cpu_has_fp16():
+    if use_cpu and fp16 and not hardware.cpu_has_fp16_kernels():
         raise LaunchConfigError(
             "mixed_precision",
             "fp16",
@@ -173,15 +174,6 @@ def _refuse_what_deepspeed_refuses(values: dict, use_cpu: bool) -> None:
             "(torch.ops.mkldnn._is_mkldnn_fp16_supported() is False): every rank would stop in prepare() with "
             f"'Type fp16 is not supported on your device'. Use mixed_precision bf16 or no. {_NOTHING}",
         )
-
-
-def _cpu_has_fp16() -> bool:
-    import torch  # DeepSpeed's CPU accelerator asks torch the same question
-
-    try:
-        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
-    except Exception:
-        return False
 
 
 def _without_accelerate(values: dict, use_cpu: bool) -> dict:
