@@ -152,8 +152,8 @@ class ConfigStore:
             raise PanelRequestError(400, f"{raw or path!r} is not a file")
         try:
             imported = accelerate_config.import_accelerate(path)
-        except LaunchConfigError as e:
-            raise PanelRequestError(400, f"{path}: {e}") from None
+        except LaunchConfigError as e:  # (its message names the file, as the kernel's does)
+            raise PanelRequestError(400, str(e) if e.path else f"{path}: {e}") from None
         except (ValueError, TypeError, UnicodeDecodeError) as e:
             raise PanelRequestError(400, f"{path} is not an Accelerate config: {e}") from None
         if imported.invalid:
@@ -200,26 +200,21 @@ class _LoadedFile:
 
 
 def _load_nblaunch(path: Path) -> _LoadedFile:
-    """Parse an nblaunch.yaml; a bad value is reported on its field, the other values still load."""
+    """Parse an nblaunch.yaml within the kernel's limits and with its messages (``bounded_yaml``); a bad value is
+    reported on its field, the other values still load."""
     try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        return _LoadedFile(error={"message": f"cannot read {path}: {e}", "line": None, "key": None})
-    try:
-        parsed = config.parse_config_text(text, path)
+        text = config.read_config_text(path)
+        parsed = config.parse_config_text(text, path, lenient=True)
+    except LaunchConfigError as e:  # the file as a whole: unreadable, not YAML, over a limit
+        return _LoadedFile(error={"message": str(e), "line": e.line, "key": None})
+    if not parsed.invalid:
         return _LoadedFile(parsed.values, parsed.unknown, parsed.warnings)
-    except LaunchConfigError as e:
-        if e.key is None:
-            return _LoadedFile(error={"message": str(e), "line": _yaml_error_line(text), "key": None})
-        # Valid YAML with an invalid value: load what is valid, report each invalid key.
-        raw = yaml.safe_load(text)
-        _, field_errors = config.validate(raw)
-        rest = {k: v for k, v in raw.items() if k not in field_errors}
-        parsed = config.parse_config_text(yaml.safe_dump(rest), path)
-        error = {"message": str(e), "line": _key_line(text, e.key), "key": e.key}
-        # The bad values stay in the form, marked, so the user sees what to fix.
-        shown = {**parsed.values, **{k: _jsonable(raw[k]) for k in field_errors}}
-        return _LoadedFile(shown, parsed.unknown, parsed.warnings, field_errors, error)
+    key, first = next(iter(parsed.invalid.items()))  # the one a launch would raise
+    error = {"message": str(first), "line": _key_line(text, key), "key": key}
+    field_errors = {k: e.allowed_message for k, e in parsed.invalid.items()}
+    # The bad values stay in the form, marked, so the user sees what to fix.
+    shown = {**parsed.values, **{k: _jsonable(e.value) for k, e in parsed.invalid.items()}}
+    return _LoadedFile(shown, parsed.unknown, parsed.warnings, field_errors, error)
 
 
 def _load_accelerate(path: Path) -> _LoadedFile:
@@ -238,15 +233,6 @@ def _jsonable(value):
     except (TypeError, ValueError):
         return str(value)
     return value
-
-
-def _yaml_error_line(text: str) -> int | None:
-    try:
-        yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        return mark.line + 1 if mark else None
-    return None
 
 
 def _key_line(text: str, key: str) -> int | None:

@@ -13,6 +13,8 @@ Example::
 
 from __future__ import annotations
 
+import itertools
+import reprlib
 from pathlib import Path
 
 from .short_traceback import ShortTraceback as _ShortTraceback
@@ -28,12 +30,48 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+class _ShownValue(reprlib.Repr):
+    """repr() for messages: a value is shown whole unless it is longer than any setting, and never by recursing
+    into a deeply nested one; mappings keep the order they were written in (reprlib would sort them)."""
+
+    def __init__(self):
+        super().__init__()
+        self.maxstring = self.maxother = 200
+        self.maxlevel, self.maxdict, self.maxlist = 6, 24, 24
+
+    def repr_dict(self, x, level):
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        first = itertools.islice(x.items(), self.maxdict)
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in first]
+        return "{" + ", ".join(items + (["..."] if len(x) > self.maxdict else [])) + "}"
+
+
+_SHOWN = _ShownValue()
+
+
+def shown_value(value) -> str:
+    """``repr(value)`` for a message: whole for what a setting holds, cut short for a huge or deeply nested value.
+
+    Example::
+
+        >>> shown_value("²"), shown_value([[[[[[[[[[1]]]]]]]]]])
+        ("'²'", '[[[[[[[...]]]]]]]')
+    """
+    return _SHOWN.repr(value)
+
+
 class LaunchConfigError(_ShortTraceback, ValueError):
     """A launch argument, magic flag or config value is invalid; nothing was started.
 
     ``key``, ``value`` and ``allowed`` name the offending setting, ``path`` the file it came from, ``source``
-    any other place it came from (``the flag --port``, ``notebook_launcher(use_port=...)``).
+    any other place it came from (``the flag --port``, ``notebook_launcher(use_port=...)``); ``line``, for a file
+    that cannot be read as a whole, the line where it goes wrong (when known).
     """
+
+    line: int | None = None
 
     def __init__(
         self, key, value, allowed, *, message: str | None = None, path: Path | None = None, source: str | None = None
@@ -46,13 +84,13 @@ class LaunchConfigError(_ShortTraceback, ValueError):
     def allowed_message(self) -> str:
         if self._message:
             return self._message
-        return f"got {self.value!r}; allowed: {self.allowed}"
+        return f"got {shown_value(self.value)}; allowed: {self.allowed}"
 
     def __str__(self):
         if self._message:
             return self._message
         where = f" (in {self.path})" if self.path else f" (from {self.source})" if self.source else ""
-        return f"invalid {self.key}={self.value!r}{where}: allowed is {self.allowed}. Nothing was started."
+        return f"invalid {self.key}={shown_value(self.value)}{where}: allowed is {self.allowed}. Nothing was started."
 
 
 class LaunchError(_ShortTraceback, RuntimeError):

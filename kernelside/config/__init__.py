@@ -1,5 +1,5 @@
-"""The launch configuration: one schema (``fields``, ``launch_rules``), its file (``files``), where values come from
-(``resolve``).
+"""The launch configuration: one schema (``fields``, ``launch_rules``), its file (``files``, read within
+``bounded_yaml``'s limits), where values come from (``resolve``).
 
 Everything that reads or writes ``nblaunch.yaml`` goes through this package: the engine
 (``notebook_launcher`` / ``%%distributed``), the JupyterLab server extension and, through
@@ -13,6 +13,7 @@ Example::
     (4, 'argument')
 """
 
+from .bounded_yaml import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES, depth_of, read_config_text
 from .field_checks import check_value, validate
 from .fields import (
     ACCELERATE_PASSTHROUGH,
@@ -45,6 +46,9 @@ __all__ = [
     "ENV_CONFIG",
     "FIELDS",
     "FIELDS_BY_NAME",
+    "MAX_CONFIG_BYTES",
+    "MAX_DEPTH",
+    "MAX_VALUES",
     "MIXED_PRECISION",
     "ConfigFile",
     "Field",
@@ -52,10 +56,12 @@ __all__ = [
     "arguments",
     "check_value",
     "defaults",
+    "depth_of",
     "dump_config_text",
     "find_config_path",
     "load_config_file",
     "parse_config_text",
+    "read_config_text",
     "resolve_config",
     "save_config_file",
     "schema",

@@ -15,9 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-import yaml
-
 from ..errors import LaunchConfigError
+from .bounded_yaml import load_yaml, read_config_text
 from .field_checks import check_value
 from .fields import FIELDS_BY_NAME, defaults
 from .files import ConfigFile, accelerate_default_config_path
@@ -27,14 +26,13 @@ default_config_path = accelerate_default_config_path  # Accelerate's own name fo
 
 def import_accelerate(path_or_text: str | os.PathLike, *, text: bool = False) -> ConfigFile:
     """Read an Accelerate config (overlapping keys become nblaunch values)."""
-    raw = str(path_or_text) if text else Path(path_or_text).read_text()
     where = None if text else Path(path_or_text)
-    try:
-        data = yaml.safe_load(raw) or {}
-    except yaml.YAMLError as e:
-        raise LaunchConfigError(None, None, None, message=f"Accelerate config is not valid YAML: {e}") from None
+    raw = str(path_or_text) if text else read_config_text(where)
+    data = load_yaml(raw, f"Accelerate config {where}" if where else "Accelerate config", where) or {}
     if not isinstance(data, dict):
-        raise LaunchConfigError(None, None, None, message="Accelerate config must be a mapping")
+        where_text = f"Accelerate config {where}" if where else "an Accelerate config"
+        message = f"{where_text} must be a mapping of keys to values"
+        raise LaunchConfigError(None, None, None, path=where, message=message)
     values, unknown, warnings, invalid = {}, {}, [], {}
     for k, v in data.items():
         f = FIELDS_BY_NAME.get(k)

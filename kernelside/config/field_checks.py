@@ -17,8 +17,11 @@ import re
 from typing import Any
 
 from ..errors import LaunchConfigError
+from .bounded_yaml import MAX_DEPTH, depth_of
 from .fields import FIELDS_BY_NAME, Field, copy_value
 
+_INT = re.compile(r"[+-]?[0-9]{1,19}")  # re's [0-9] is ASCII; at most 19 digits (int() of 5,000 raises)
+_INT_MAX = 2**63 - 1  # no setting needs more; beyond it C code (a port, a timeout) would overflow
 HOST = re.compile(r"[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?|\[?[0-9A-Fa-f:]+\]?")
 RAY_ADDRESS = re.compile(r"(ray://)?[A-Za-z0-9.\-\[\]:]+:[0-9]+")
 
@@ -87,15 +90,17 @@ def check_value(name: str, value: Any) -> Any:
         raise LaunchConfigError(name, value, _allowed(f))
     v = value
     if f.type == "int":
-        if isinstance(v, str) and v.strip().lstrip("-").isdigit():
+        if isinstance(v, str) and _INT.fullmatch(v.strip()):  # ASCII digits only: '²' is a digit to isdigit()
             v = int(v)
-        if isinstance(v, bool) or not isinstance(v, int):
+        if isinstance(v, bool) or not isinstance(v, int) or abs(v) > _INT_MAX:
             raise LaunchConfigError(name, value, _allowed(f))
     elif f.type == "float":
         if isinstance(v, str):
             try:
-                v = float(v)
+                v = float(v) if v.isascii() and len(v) <= 64 else None
             except ValueError:
+                v = None
+            if v is None:
                 raise LaunchConfigError(name, value, _allowed(f)) from None
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
             raise LaunchConfigError(name, value, _allowed(f))
@@ -124,14 +129,24 @@ def check_value(name: str, value: Any) -> Any:
     elif f.type == "list":
         if not isinstance(v, (list, tuple)):
             raise LaunchConfigError(name, value, _allowed(f))
+        _check_depth(name, v)
         v = list(v)
     elif f.type == "dict":
         if not isinstance(v, dict):
             raise LaunchConfigError(name, value, _allowed(f))
+        _check_depth(name, v)
         if name == "env":
             if not all(_env_name(k) for k in v):
                 raise LaunchConfigError(name, value, "a mapping of variable names (no '=' in them) to values")
             v = {str(k): str(val) for k, val in v.items()}
+            bad = next((k for k, val in v.items() if "\x00" in val), None)
+            if bad is not None:
+                raise LaunchConfigError(
+                    name,
+                    value,
+                    f"a mapping of variable names to values; the value of {bad!r} holds a NUL character "
+                    "(\\x00), which no environment variable can hold",
+                )
         if name == "resources_per_worker":
             bad = [k for k, n in v.items() if isinstance(n, bool) or not isinstance(n, (int, float)) or n < 0]
             if bad:
@@ -141,6 +156,13 @@ def check_value(name: str, value: Any) -> Any:
     if f.maximum is not None and v > f.maximum:
         raise LaunchConfigError(name, value, _allowed(f))
     return v
+
+
+def _check_depth(name: str, value) -> None:
+    if depth_of(value) > MAX_DEPTH:
+        raise LaunchConfigError(
+            name, value, f"a value nested at most {MAX_DEPTH} levels deep (a DeepSpeed config needs 4)"
+        )
 
 
 def validate(values: dict) -> tuple[dict, dict[str, str]]:

@@ -19,10 +19,12 @@ from pathlib import Path
 import yaml
 
 from ..errors import LaunchConfigError
+from .bounded_yaml import load_yaml, read_config_text
 from .field_checks import check_value, validate
 from .fields import ACCELERATE_PASSTHROUGH, FIELDS, FIELDS_BY_NAME
 
 CONFIG_FILENAME = "nblaunch.yaml"
+MAX_KEY_WARNINGS = 10  # unknown keys named one by one; the rest are counted
 ENV_CONFIG = "NBLAUNCH_CONFIG"
 
 
@@ -47,21 +49,11 @@ class ConfigFile:
 
 
 def parse_config_text(text: str, path: Path | None = None, *, lenient: bool = False) -> ConfigFile:
-    """The file's values; an invalid value raises (``lenient``: is kept aside in ``invalid``, to be shown)."""
+    """The file's values; an invalid value raises (``lenient``: is kept aside in ``invalid``, to be shown).
+
+    The YAML is read within ``bounded_yaml``'s limits (size, nesting, what aliases expand to)."""
     where = str(path) if path else "<config>"
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise LaunchConfigError(
-            None,
-            None,
-            None,
-            message=f"{where} is not valid YAML{line}: {getattr(e, 'problem', e)}. "
-            "Fix the file (or delete it to use defaults).",
-            path=path,
-        ) from None
+    data = load_yaml(text, where, path)
     if data is None:
         data = {}
     if not isinstance(data, dict):
@@ -87,22 +79,16 @@ def parse_config_text(text: str, path: Path | None = None, *, lenient: bool = Fa
             unknown[k] = v
             if k not in ACCELERATE_PASSTHROUGH:
                 warnings.append(f"{where}: unknown key {k!r} is kept but ignored")
+    if len(warnings) > MAX_KEY_WARNINGS:  # a file of 5,000 stray keys gets a line, not 5,000
+        more = len(warnings) - MAX_KEY_WARNINGS
+        warnings[MAX_KEY_WARNINGS:] = [f"{where}: {more} more unknown keys are kept but ignored"]
     return ConfigFile(path, values, unknown, warnings, invalid)
 
 
 def load_config_file(path: str | os.PathLike, *, lenient: bool = False) -> ConfigFile:
+    """Read and parse the config file ``path`` (``read_config_text``'s limits, then ``parse_config_text``)."""
     p = Path(path)
-    try:
-        text = p.read_text()
-    except FileNotFoundError:
-        raise LaunchConfigError(
-            None,
-            None,
-            None,
-            path=p,
-            message=f"config file {p} does not exist. Create it from the side panel, or pass an existing path.",
-        ) from None
-    return parse_config_text(text, p, lenient=lenient)
+    return parse_config_text(read_config_text(p), p, lenient=lenient)
 
 
 def dump_config_text(values: dict, unknown: dict | None = None) -> str:

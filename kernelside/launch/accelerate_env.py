@@ -31,6 +31,7 @@ import warnings
 import yaml
 
 from ..config.accelerate import distributed_type, export_accelerate
+from ..config.bounded_yaml import read_config_text
 from ..errors import LaunchConfigError
 from . import hardware
 
@@ -153,18 +154,23 @@ def _refuse_what_deepspeed_refuses(values: dict, use_cpu: bool) -> None:
     ds = values.get("deepspeed_config") or {}
     path, ds_file = ds.get("deepspeed_config_file"), {}
     if path:
-        try:
-            with open(path) as fh:
-                ds_file = json.load(fh)
-        except (OSError, ValueError) as e:
+        try:  # within the config files' limits: size, text, and json's own bound on nesting
+            ds_file = json.loads(read_config_text(path))
+            if not isinstance(ds_file, dict):
+                raise ValueError(f"it holds a JSON {type(ds_file).__name__}, not an object")
+        except (ValueError, RecursionError) as e:
+            reason = "it nests deeper than JSON can be read" if isinstance(e, RecursionError) else e
             raise LaunchConfigError(
                 "deepspeed_config",
                 ds,
                 None,
-                message=f"deepspeed_config_file {path!r} cannot be read as JSON from {os.getcwd()} ({e}). Give a "
+                message=f"deepspeed_config_file {path!r} cannot be read as JSON from {os.getcwd()} ({reason}). Give a "
                 f"path to DeepSpeed's JSON config, absolute or relative to the notebook's folder. {_NOTHING}",
             ) from None
-    fp16 = values["mixed_precision"] == "fp16" or bool((ds_file.get("fp16") or {}).get("enabled") is True)
+    fp16_section = ds_file.get("fp16")
+    fp16 = values["mixed_precision"] == "fp16" or (
+        isinstance(fp16_section, dict) and fp16_section.get("enabled") is True
+    )
     if use_cpu and fp16 and not hardware.cpu_has_fp16_kernels():
         raise LaunchConfigError(
             "mixed_precision",
