@@ -2,6 +2,10 @@
 control socket, each opened relative to the folder's own descriptor with ``O_NOFOLLOW`` and
 closed before the request ends (the server holds no file of a run between requests).
 
+The server reads by the kernel's rules (``kernelside/private_dir.py``): a base or run folder that is a
+link, another user's or writable by others is refused, and so is a file that is not a plain file of
+this user's with one link (a hard link could make another file of the user's read as a rank's log).
+
 The names are the run folder's contract (``kernelside/run_contract.py``), which the kernel side
 writes by; it imports only the standard library, so reading a run never loads torch.
 
@@ -21,9 +25,10 @@ import socket
 import stat
 
 # the run folder's contract (re-exported for the server's modules and tests)
+from kernelside.private_dir import UnsafeFolderError, check_private, open_private_dir
 from kernelside.run_contract import CONTROL_SOCKET, IN_USE_FILE, LOG_TIMES_RECORD, STATE_FILE
 
-__all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError"]
+__all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileError", "private_base_problem"]
 
 MAX_STATE_BYTES = 1 << 20
 MAX_LOG_CHUNK = 1 << 20  # one answer carries at most this much of a log
@@ -39,6 +44,26 @@ class RunFileError(Exception):
         self.status = status
 
 
+def private_base_problem(path: str) -> str | None:
+    """Why the server will not read run folders in ``path``, or None when it is private (or not there at all).
+
+    Example::
+
+        >>> private_base_problem(f"/tmp/nblaunch-{os.getuid()}")  # made by a launch of this user's: 0700
+        >>> private_base_problem("/tmp")  # as root  # doctest: +SKIP
+        'can be written by its group and every user (mode 1777); others could add or swap folders in it: ...'
+    """
+    try:
+        os.close(open_private_dir(path))
+    except FileNotFoundError:
+        return None
+    except UnsafeFolderError as e:
+        return f"{e.problem}; {e.remedy}"
+    except OSError as e:
+        return f"cannot be opened ({e.strerror or e})"
+    return None
+
+
 class RunDir:
     """An open run folder (a directory descriptor); use as a context manager so it is closed."""
 
@@ -47,16 +72,19 @@ class RunDir:
 
     @classmethod
     def open(cls, path: str) -> RunDir:
-        """Open ``path`` as a real folder of this user: a symlink or another user's folder is refused (403)."""
+        """Open ``path`` as a real folder of this user that no one else can write: a symlink, another user's
+        folder or one writable by others is refused (403)."""
         try:
             fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise RunFileError(403, f"refused: {path} is not a plain folder (a symbolic link?)") from None
             raise RunFileError(404, f"no run folder {path}") from None
-        if os.fstat(fd).st_uid != os.getuid():
+        try:
+            check_private(path, os.fstat(fd))
+        except UnsafeFolderError as e:
             os.close(fd)
-            raise RunFileError(403, f"refused: {path} belongs to another user")
+            raise RunFileError(403, f"refused: {path} {e.problem}") from None
         return cls(path, fd)
 
     def __enter__(self) -> RunDir:
@@ -75,9 +103,19 @@ class RunDir:
             if e.errno == errno.ELOOP:
                 raise RunFileError(403, f"refused: {name} in {self.path} is a symbolic link") from None
             raise RunFileError(404, f"{name} does not exist in {self.path}") from None
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        st = os.fstat(fd)
+        problem = (
+            "is not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else "belongs to another user"
+            if st.st_uid != os.getuid()
+            else f"has {st.st_nlink} hard links (it may be another file's content)"
+            if st.st_nlink != 1
+            else None
+        )
+        if problem is not None:
             os.close(fd)
-            raise RunFileError(403, f"refused: {name} in {self.path} is not a regular file")
+            raise RunFileError(403, f"refused: {name} in {self.path} {problem}")
         return fd
 
     def read_json(self, name: str) -> dict | None:
@@ -94,7 +132,7 @@ class RunDir:
             return None
         try:
             value = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):  # (nested 100,000 deep)
             return None
         return value if isinstance(value, dict) else None
 

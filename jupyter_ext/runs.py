@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from kernelside import config
-from kernelside.errors import LaunchConfigError
+from kernelside.errors import LaunchConfigError, shown_value
 from kernelside.run_contract import (
     LIVE_RUN_STATES,
     RUN_ID,
@@ -43,7 +43,7 @@ from kernelside.run_contract import (
 from .errors import PanelRequestError
 from .rank_history import RankHistory
 from .rank_resources import RankSampler
-from .run_files import RunDir, RunFileError
+from .run_files import RunDir, RunFileError, private_base_problem
 
 STOP_TIMEOUT_S = 3.0
 STACKS_TIMEOUT_S = 0.9  # the kernel gives its ranks 0.5 s (kernelside/launch/rank_stacks.py): an answer within 1 s
@@ -62,7 +62,11 @@ class RunFolders:
     # -- where runs are -------------------------------------------------------------------
 
     def bases(self) -> list[str]:
-        """The folders that hold run folders: the default one, and the config's ``log_dir`` if set."""
+        """The folders that hold run folders: the default one, and the config's ``log_dir`` if set; only those that
+        are private (``private_dir.open_private_dir``: a real folder of this user's that no one else can write)."""
+        return [b for b in self._candidate_bases() if os.path.isdir(b) and private_base_problem(b) is None]
+
+    def _candidate_bases(self) -> list[str]:
         found = [runs_base(None)]
         try:
             log_dir = config.resolve_config(cwd=self.root).values.get("log_dir")
@@ -72,12 +76,15 @@ class RunFolders:
             path = os.path.join(self.root, os.path.expanduser(log_dir))  # relative: as a kernel in the root sees it
             if os.path.realpath(path) not in map(os.path.realpath, found):
                 found.append(path)
-        return [b for b in found if _own_folder(b)]
+        return found
 
     def _find(self, run_id) -> str:
         if not isinstance(run_id, str) or not RUN_ID.fullmatch(run_id):
-            raise PanelRequestError(400, f"{run_id!r} is not a run id (run-YYYYmmdd-HHMMSS-xxxxxxxx)")
-        for base in self.bases():
+            raise PanelRequestError(400, f"{shown_value(run_id)} is not a run id (run-YYYYmmdd-HHMMSS-xxxxxxxx)")
+        candidates = self._candidate_bases()
+        problems = {b: private_base_problem(b) for b in candidates}
+        usable = [b for b in candidates if problems[b] is None and os.path.isdir(b)]
+        for base in usable:
             path = os.path.join(base, run_id)
             try:
                 st = os.lstat(path)
@@ -86,7 +93,8 @@ class RunFolders:
             if stat.S_ISLNK(st.st_mode) or not stat.S_ISDIR(st.st_mode):
                 raise PanelRequestError(403, f"refused: {path} is not a plain run folder (a symbolic link?)")
             return path
-        raise PanelRequestError(404, f"no run {run_id} in {', '.join(self.bases()) or 'any run folder'}")
+        refused = "".join(f" (refused: {b} {p})" for b, p in problems.items() if p)
+        raise PanelRequestError(404, f"no run {run_id} in {', '.join(usable) or 'any run folder'}{refused}")
 
     # -- reading --------------------------------------------------------------------------
 
@@ -261,17 +269,11 @@ def _started_from_name(name: str) -> float | None:
         return None
 
 
-def _own_folder(path: str) -> bool:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
-
-
 def _non_negative(name: str, value) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.isascii() and value.isdigit() and len(value) <= 18:  # '²'.isdigit() is True
         value = int(value)
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise PanelRequestError(400, f"{name} must be a whole number >= 0, got {value!r}")
+        raise PanelRequestError(
+            400, f"{name} must be a whole number >= 0 (ASCII digits, at most 18), got {shown_value(value)}"
+        )
     return value

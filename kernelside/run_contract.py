@@ -53,7 +53,7 @@ IN_USE_FILE = ".in-use"  # flock'ed by the kernel while the run is live: pruning
 CONTROL_SOCKET = "control.sock"
 FORMAT_VERSION = 1
 RUN_PREFIX = "run-"
-RUN_ID = re.compile(r"run-\d{8}-\d{6}-[A-Za-z0-9_]{1,64}")
+RUN_ID = re.compile(r"run-[0-9]{8}-[0-9]{6}-[A-Za-z0-9_]{1,64}")  # ASCII only (\\d takes "٢")
 
 
 def runs_base(log_dir: str | None) -> str:

@@ -8,6 +8,7 @@ import socket
 
 import psutil
 import pytest
+from local_user import other_user  # noqa: F401 - the fixture (a second local user), for the tests that ask for it
 
 GPU_TESTS = pathlib.Path(__file__).parent / "gpu"
 

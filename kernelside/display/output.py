@@ -6,8 +6,9 @@ as lines too. With ``output="rank0"`` a partial line that sits unfinished for a 
 (a prompt, ``print(..., end="")``) is shown anyway, since nothing else can interleave with
 it; with ``output="all"`` it waits for its newline so ``[rank N]`` prefixes stay clean.
 
-Every byte also goes, unmodified, to ``<log_dir>/rank<N>.log``, and the last lines of
-each rank are kept for error messages.
+Every byte also goes, unmodified, to ``<log_dir>/rank<N>.log`` (made owner-only inside the run
+folder by its descriptor, ``private_dir.open_in``), and the last lines of each rank are kept for
+error messages.
 
 What the cell shows is budgeted: a burst of ``SHOW_BURST_BYTES``, then ``SHOW_RATE_BYTES``
 per second. Lines over the budget are held back (counted, the last ones kept) until half the
@@ -26,6 +27,7 @@ import collections
 import os
 import time
 
+from ..private_dir import open_in
 from ..run_contract import LOG_TIMES_EVERY_S, log_times_record, rank_log_name, rank_log_times_name
 
 TAIL_LINES = 40
@@ -79,10 +81,9 @@ class RankOutputRouter:
         self.times = _LogTimes(log_dir)  # when each rank's bytes arrived (rank<N>.times, for the Runs view)
         self.log_sizes: dict[int, int] = {}
         for r in range(world_size):
-            path = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract: the server reads it
-            self.log_paths[r] = path
-            if not os.path.exists(path):  # every rank has its log from the start; it is opened at its first bytes
-                open(path, "ab").close()
+            self.log_paths[r] = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract (the server's)
+            # every rank has its log from the start; it is opened at its first bytes
+            os.close(open_in(log_dir, rank_log_name(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND))
 
     def shown(self, rank: int) -> bool:
         return self.mode == "all" or (self.mode == "rank0" and rank == 0)
@@ -90,7 +91,7 @@ class RankOutputRouter:
     def feed(self, rank: int, stream: str, data: bytes) -> None:
         log = self.logs.get(rank)
         if log is None:  # (a live cell that prints nothing opens no file)
-            log = self.logs[rank] = open(self.log_paths[rank], "ab", buffering=0)
+            log = self.logs[rank] = _append(self.log_dir, rank_log_name(rank))
             self.log_sizes[rank] = os.fstat(log.fileno()).st_size
         log.write(data)
         self.log_sizes[rank] += len(data)
@@ -229,6 +230,11 @@ class RankOutputRouter:
             self.unflushed += len(line)
 
 
+def _append(folder: str, name: str):
+    """The file ``name`` of the run folder, opened (made owner-only) for appending, unbuffered."""
+    return os.fdopen(open_in(folder, name, os.O_WRONLY | os.O_CREAT | os.O_APPEND), "ab", buffering=0)
+
+
 class _LogTimes:
     """Writes ``rank<N>.times`` (``run_contract``): a record when a rank's log grows, at most one per
     ``LOG_TIMES_EVERY_S``; within that, the burst's last bytes wait for ``flush()`` (every loop turn)."""
@@ -262,7 +268,7 @@ class _LogTimes:
         fh = self.files.get(rank)
         try:
             if fh is None:
-                fh = self.files[rank] = open(os.path.join(self.log_dir, rank_log_times_name(rank)), "ab", buffering=0)
+                fh = self.files[rank] = _append(self.log_dir, rank_log_times_name(rank))
             fh.write(log_times_record(end, wall))
         except OSError:
             pass  # a full disk costs the Runs view its times, never the run

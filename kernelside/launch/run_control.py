@@ -67,7 +67,7 @@ class RunControl:
     def listen(cls, run_dir: str) -> RunControl:
         """Create and bind the socket in ``run_dir`` (which must exist and be this user's)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)
+        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
             listener.bind(socket_address(run_dir, dir_fd))
             listener.listen(MAX_PENDING)

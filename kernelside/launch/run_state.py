@@ -24,6 +24,7 @@ import sys
 import time
 
 from ..notebook.cell_label import running_cell_count, running_shell
+from ..private_dir import open_in, replace_in
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
@@ -123,7 +124,7 @@ class RunStateWriter:
     def __init__(self, run_dir: str, *, engine: str, has_control: bool = False, gpus: dict | None = None):
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, STATE_FILE)
-        self._tmp = os.path.join(run_dir, f".{STATE_FILE}.tmp")
+        self._tmp = f".{STATE_FILE}.tmp"  # made beside it, inside the run folder (by its descriptor)
         self.base = {
             "version": FORMAT_VERSION,
             "id": os.path.basename(run_dir),
@@ -222,11 +223,11 @@ class RunStateWriter:
 
     def _write(self, state: dict) -> None:
         data = json.dumps(state, separators=(",", ":")).encode()
-        fd = os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        fd = open_in(self.run_dir, self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             view = memoryview(data)
             while view:
                 view = view[os.write(fd, view) :]
         finally:
             os.close(fd)
-        os.replace(self._tmp, self.path)  # readers see the old file or this one, never half of it
+        replace_in(self.run_dir, self._tmp, STATE_FILE)  # readers see the old file or this one, never half of it
