@@ -41,12 +41,13 @@ export async function requestAPI<T>(
 }
 
 /** The Runs view's calls: GET /nblaunch/runs, GET /nblaunch/runs/{id}, POST /nblaunch/runs/{id}/stop,
- * GET /nblaunch/runs/{id}/stacks. */
+ * POST /nblaunch/runs/{id}/stacks (a POST: it signals the ranks, so it carries the XSRF token). */
 export const serverRunsBackend: IRunsBackend = {
   list: () => requestAPI<IRunSummary[]>('runs'),
   detail: id => requestAPI<IRunDetail>(`runs/${encodeURIComponent(id)}`),
   stop: id => requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, { method: 'POST' }),
-  stacks: id => requestAPI<IStacksResponse>(`runs/${encodeURIComponent(id)}/stacks`)
+  stacks: id =>
+    requestAPI<IStacksResponse>(`runs/${encodeURIComponent(id)}/stacks`, { method: 'POST' })
 };
 
 /** GET /nblaunch/runs/{id}/ranks/{rank}/log with ?tail=N or ?offset=B. */

@@ -1,4 +1,4 @@
-"""``GET /nblaunch/runs/{id}/stacks`` through a real Jupyter server, over a real 2-rank launch owned
+"""``POST /nblaunch/runs/{id}/stacks`` through a real Jupyter server, over a real 2-rank launch owned
 by another process (``stacks_owner.py``) with rank 1 blocked in a gloo ``barrier()``."""
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ def barrier_run(run_base, jp_root_dir):  # noqa: F811 - the fixture imported abo
 async def test_stacks_name_the_barrier_rank_1_waits_in_and_rank_0s_line_within_1s(jp_fetch, barrier_run):
     run_id, process = barrier_run
     t0 = time.monotonic()
-    code, answer = await fetch(jp_fetch, run_id, "stacks")
+    code, answer = await fetch(jp_fetch, run_id, "stacks", method="POST")
     elapsed = time.monotonic() - t0
     assert code == 200, answer
     assert elapsed < 1.0
@@ -69,13 +69,13 @@ async def test_stacks_name_the_barrier_rank_1_waits_in_and_rank_0s_line_within_1
     # from the launched function on (the frame below may be os.path.exists, a library's)
     assert [f["function"] for f in r0["frames"] if f["user"]] == ["ranks", "wait_for_release"]
     assert process.poll() is None, "asking for stacks must not disturb the run"
-    code, again = await fetch(jp_fetch, run_id, "stacks")  # each request gets its own dump
+    code, again = await fetch(jp_fetch, run_id, "stacks", method="POST")  # each request gets its own dump
     assert code == 200 and again["ranks"][1]["collective"] == "barrier"
 
 
 async def test_stacks_of_a_run_that_has_ended_are_refused_with_the_reason(jp_fetch, run_base):  # noqa: F811
     forge_run(run_base, "run-20200101-000000-finished", {"state": "done", "control": True})
-    code, answer = await fetch(jp_fetch, "run-20200101-000000-finished", "stacks")
+    code, answer = await fetch(jp_fetch, "run-20200101-000000-finished", "stacks", method="POST")
     assert code == 409 and "is not running (done): no stacks to show" in answer["message"]
 
 
@@ -83,7 +83,7 @@ async def test_stacks_of_a_run_whose_kernel_is_gone_say_so_and_signal_nothing(jp
     d, fd = forge_run(run_base, "run-20200101-000000-nosocket", {"state": "running", "control": True}, hold_lock=True)
     try:
         (d / "rank0.stacks").write_text("nblaunch-stacks main=0x1\n")
-        code, answer = await fetch(jp_fetch, "run-20200101-000000-nosocket", "stacks")
+        code, answer = await fetch(jp_fetch, "run-20200101-000000-nosocket", "stacks", method="POST")
     finally:
         os.close(fd)
     assert code == 409 and "no control socket" in answer["message"]
@@ -106,7 +106,7 @@ async def test_stacks_of_an_idle_live_session_show_each_rank_waiting_for_its_nex
     try:
         state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
         t0 = time.monotonic()
-        code, answer = await fetch(jp_fetch, state["id"], "stacks")
+        code, answer = await fetch(jp_fetch, state["id"], "stacks", method="POST")
         assert code == 200, answer
         assert time.monotonic() - t0 < 1.0
         assert [(r["rank"], r["answered"], r["collective"]) for r in answer["ranks"]] == [
