@@ -183,7 +183,14 @@ class WorkerGroup:
             if not w.reaped:
                 try:
                     os.killpg(w.pid, sig)
-                except (ProcessLookupError, PermissionError):
+                except ProcessLookupError:
+                    # a rank forked a moment ago has not called setsid() yet (no process group of its pid): the
+                    # process itself, which is ours and unreaped, so its pid cannot be another's
+                    try:
+                        os.kill(w.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                except PermissionError:
                     pass
 
     def wait_all(self, deadline: float) -> bool:

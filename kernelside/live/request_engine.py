@@ -339,9 +339,10 @@ class LiveRunEngine(Engine):
         stuck = [w.rank for w in workers if w.rank in self.ranks and recorder.rank_state(w.rank) is not RankState.IDLE]
         if stuck:
             names = ", ".join(map(str, stuck))
+            why = "■ was pressed again while " if self.given_up else ""
             return (
-                f"■ was pressed again while rank(s) {names} had not come back to idle (a C-level wait outside the "
-                "process group, or code holding the GIL), so the wait was given up"
+                f"{why}rank(s) {names} had not come back to idle (a C-level wait outside the process group, or "
+                "code holding the GIL), so the wait was given up"
             )
         if self.aborted and self.rebuilt is None:
             if self.given_up and self.rebuilding is not None:
