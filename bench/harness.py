@@ -205,6 +205,33 @@ class ForeignLoad:
         return False
 
 
+class BusyProcesses:
+    """``n`` processes that each keep a core busy (a Python loop), started by this process and stopped by pid:
+    the "two busy processes beside it" a benchmark or the suite must hold under.
+
+        >>> with BusyProcesses(2):
+        ...     launch()
+    """
+
+    SPIN = "import os, signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass\n"
+
+    def __init__(self, n: int):
+        self.n, self.procs = n, []
+
+    def __enter__(self):
+        self.procs = [
+            subprocess.Popen([sys.executable, "-c", self.SPIN], start_new_session=True) for _ in range(self.n)
+        ]
+        return self
+
+    def __exit__(self, *exc):
+        for p in self.procs:
+            p.kill()
+            p.wait()
+        self.procs = []
+        return False
+
+
 def wait_until_quiet(threshold: float = 0.25, max_wait: float = 60.0, sample: float = 1.0) -> float:
     """Wait (up to ``max_wait`` s) for a ``sample``-second window in which others use under ``threshold`` cores.
 

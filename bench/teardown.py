@@ -2,6 +2,7 @@
 
     python -m bench.teardown            # 4 failure kinds x 5 launchers, median of 3 runs each
     python -m bench.teardown --quick    # SIGKILL only, 1 run per launcher
+    python -m bench.teardown --busy 2   # with two busy processes beside it (a loaded machine)
 
 Two workers do three all_reduces, then rank 1 fails while rank 0 enters the next all_reduce:
 - *exception*: rank 1 raises RuntimeError (rank 0 sits in the all_reduce waiting for it);
@@ -35,6 +36,7 @@ import time
 
 from bench.harness import (
     REPO,
+    BusyProcesses,
     adopt_orphans,
     descendants,
     free_port,
@@ -238,6 +240,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="SIGKILL only, 1 run per launcher")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--busy", type=int, default=0, help="busy processes beside the runs (default 0)")
     ap.add_argument("--driver", nargs=2, metavar=("JOBS", "DIR"), help=argparse.SUPPRESS)
     ns = ap.parse_args()
     if ns.driver:
@@ -248,7 +251,8 @@ def main() -> int:
     jobs = [
         [f"j{i}", launcher, kind, runs] for i, (kind, launcher) in enumerate((k, la) for k in kinds for la in LAUNCHERS)
     ]
-    by_name = measure_all(jobs)
+    with BusyProcesses(ns.busy):
+        by_name = measure_all(jobs)
     results = {(launcher, kind): by_name.get(name, []) for name, launcher, kind, _ in jobs}
     stray = descendants()
     if stray:
@@ -259,7 +263,9 @@ def main() -> int:
             "Teardown after a rank fails",
             "teardown",
             ns.quick,
-            f"2 workers, median of {runs} run(s), each capped at {CAP_S:.0f} s after the failure",
+            f"2 workers, median of {runs} run(s), each capped at {CAP_S:.0f} s after the failure"
+            + (f", {ns.busy} busy processes beside it" if ns.busy else ""),
+            flags=f" --busy {ns.busy}" if ns.busy else "",
         ),
         "",
         "Seconds from rank 1's failure to the launching call returning in the notebook process (rank 0 is "

@@ -18,3 +18,14 @@ class ShortTraceback:
         red, reset = "\x1b[31m", "\x1b[0m"
         lines = str(self).splitlines() or [""]
         return [f"{red}{type(self).__name__}{reset}: {lines[0]}", *lines[1:]]
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    """The first line of an error's message, cut at ``limit`` characters (what a one-line summary shows).
+
+    Example::
+
+        >>> first_line("ValueError: boom\nTraceback ...")
+        'ValueError: boom'
+    """
+    return (str(text).splitlines() or [""])[0][:limit]

@@ -79,7 +79,9 @@ class Kernel:
         cell.msg_id = self.kc.execute(code, allow_stdin=on_input is not None)
         return self.wait(cell, timeout, on_output=on_output, on_input=on_input)
 
-    def wait(self, cell: Cell, timeout: float = 120, *, on_output=None, on_input=None) -> Cell:
+    def wait(self, cell: Cell, timeout: float = 120, *, on_output=None, on_input=None, on_message=None) -> Cell:
+        """Wait for ``cell`` to end; ``on_message(kind, content)`` sees every IOPub message of it as it comes
+        (``execute_input`` included: the moment the kernel starts the cell's code)."""
         msg_id = cell.msg_id
         deadline = time.monotonic() + timeout
         while True:
@@ -97,6 +99,8 @@ class Kernel:
             if msg["parent_header"].get("msg_id") != msg_id:
                 continue
             kind, content = msg["msg_type"], msg["content"]
+            if on_message is not None:
+                on_message(kind, content)
             if kind == "status" and content["execution_state"] == "idle":
                 break
             cell.messages.append((kind, content))

@@ -81,7 +81,8 @@ def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_namin
 
 
 def test_a_timeout_is_the_same_short_form_and_names_where_each_rank_was(kernel):
-    cell = kernel.run("%%distributed -n 2 --timeout 1\ntime.sleep(60)\n", timeout=60)
+    # (4 s: both ranks reach their sleep before it, with two busy processes beside the suite)
+    cell = kernel.run("%%distributed -n 2 --timeout 4\ntime.sleep(60)\n", timeout=60)
     assert cell.error["ename"] == "LaunchTimeoutError"
     text, count = _text(cell), cell.reply["execution_count"]
     assert not NBLAUNCH_FRAME.search(text), text

@@ -220,3 +220,60 @@ def test_a_group_the_user_made_with_new_group_is_named_after_the_rebuild_with_wh
     assert "every rank stopped the cell and kept its state" in cell.error["evalue"]
     assert "sub still hold(s) a process group made before the rebuild" in cell.error["evalue"]
     _assert_state_and_step_in_sync(three, 3)
+
+
+# rank 1 holds SIGINT off (as code that masks signals around a C call does) for a while: alive, but slow to come back
+SLOW_RANK = (
+    "%%distributed\nt = torch.ones(1)\nif rank == 1:\n"
+    "    signal.pthread_sigmask(signal.SIG_BLOCK, {{signal.SIGINT}}); time.sleep({hold})\n"
+    "    signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT}})\n"
+    "if rank == 0:\n    time.sleep(0.5); raise ValueError('rank 0 broke')\ndist.all_reduce(t)"
+)
+
+
+def _awaited_notice(cell) -> list[str]:
+    return [line for line in cell.stderr.splitlines() if "Still waiting for rank(s)" in line]
+
+
+def test_a_rank_alive_but_slow_to_come_back_is_waited_for_with_its_state_and_named_meanwhile(three):
+    """No fixed budget costs a slow rank its state: the cell names the failure and the rank it waits for (and
+    where) once, then ends when the rank is back, with every rank's state and process kept."""
+    three.run("%%distributed\nkept = rank * 10").ok()
+    pids = _pids(three)
+    cell = three.run(SLOW_RANK.format(hold=6), timeout=60)
+    (notice,) = _awaited_notice(cell)
+    assert "rank 0 failed (ValueError: rank 0 broke)" in notice and "rank(s) 1 to come back to idle" in notice
+    assert "rank 1 was at <%%distributed cell" in notice and "Press ■ again to stop waiting" in notice
+    text = _text(cell)
+    assert "rank 0 failed: ValueError: rank 0 broke" in text and "every rank kept its state" in text
+    assert "restarted" not in text
+    assert _pids(three) == pids
+    three.run("%%distributed --return-from all --return kept\nkept").ok()
+    assert three.run("print(kept)").ok().stdout == "[0, 10, 20]\n"
+    _assert_state_and_step_in_sync(three, 3)
+
+
+def test_interrupt_again_while_a_rank_is_awaited_restarts_the_session_and_says_why():
+    """■ again is the user asking: the wait is given up, the world restarted (new processes), and the error says so."""
+    k = _start(2)
+    try:
+        pids = _pids(k)
+        sent = {}
+
+        def on_output(kind, content):
+            if "Still waiting for rank(s)" in content.get("text", "") and not sent:
+                sent["t"] = time.monotonic()
+                k.interrupt()
+
+        cell = k.run(SLOW_RANK.format(hold=120), timeout=60, on_output=on_output)
+        assert sent, cell.outputs
+        assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
+        assert time.monotonic() - sent["t"] < 10
+        said = cell.stderr + _text(cell) + cell.error["evalue"]
+        assert "■ was pressed again while rank(s) 1 had not come back to idle" in said, said
+        assert "the live session was restarted: its state is gone" in said
+        assert set(_pids(k)).isdisjoint(pids)
+        k.run("%%distributed\nx = rank").ok()
+    finally:
+        k.run("%distributed_stop")
+        k.shutdown()

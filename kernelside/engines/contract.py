@@ -55,8 +55,9 @@ class Engine(abc.ABC):
     clock = "monotonic"
     #: a line added to the error when a rank failed because a peer went away (a peer on another machine)
     peer_hint: str | None = None
-    #: how long ranks get to end after ``stop()`` before ``close()`` kills what is left
-    stop_grace_s = 2.0
+    #: how long ranks get to end after ``stop()`` before ``close()`` kills what is left (None: no limit while they
+    #: live, for ranks that come back to rest with state worth keeping; ■ again ends the wait)
+    stop_grace_s: float | None = 2.0
     #: None: the kernel routes each rank's output (cell, log files) and keeps its tail; otherwise an
     #: object with ``tail(rank, n)`` over the logs the engine's own machinery writes
     log_tails = None
@@ -87,6 +88,11 @@ class Engine(abc.ABC):
     def close(self, grace: float, recorder) -> None:
         """Whatever is left is stopped (killed after ``grace`` seconds), reaped and freed; the last
         observations go to the recorder (None: nobody listens any more). Safe to call twice."""
+
+    def on_interrupt(self, again: bool) -> None:
+        """■ was acted on (``again``: while the ranks were already being stopped, so the user wants no more
+        waiting). The run's stop follows through ``stop()``; this is for engines that keep their ranks."""
+        return None
 
     def interrupt_error(self, recorder) -> BaseException | None:
         """What Ctrl-C raises once the ranks have settled; None: the KeyboardInterrupt itself."""

@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 
+from .. import interrupts
 from ..launch.report import ExitStatus
 from ..worker.forkserver_template import TEMPLATE_COMMAND, TEMPLATE_MARK, receive, send
 
@@ -81,15 +82,17 @@ class Template:
         return self.proc.poll() is None and self.failure is None
 
     def wait_ready(self, timeout: float = READY_TIMEOUT_S) -> None:
-        """Return once the template has its imports; TemplateUnavailable if it failed or died."""
+        """Return once the template has its imports; TemplateUnavailable if it failed or died. ■ meanwhile stops
+        the launch at once (``interrupts.check``); the template goes on starting, for the next launch."""
         deadline = time.monotonic() + timeout
         while not self.ready:
             if self.failure is not None:
                 raise TemplateUnavailable(self.failure)
+            interrupts.check()
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TemplateUnavailable(f"it was not ready after {timeout:.0f} s")
-            self._pump(min(left, 1.0))
+            self._pump(min(left, 1.0), wake=interrupts.wake_fd())
             if not self.ready and self.proc.poll() is not None and self.failure is None:
                 self.failure = f"it exited ({_describe(self.proc.returncode)}) before it was ready"
 
@@ -140,11 +143,14 @@ class Template:
             self.proc.kill()
             self.proc.wait()
 
-    def _pump(self, timeout: float) -> None:
-        """Read what the template sent within ``timeout`` seconds (0: only what is there)."""
+    def _pump(self, timeout: float, wake: int | None = None) -> None:
+        """Read what the template sent within ``timeout`` seconds (0: only what is there); ``wake`` readable
+        (■ pressed) ends the wait early."""
         wait = timeout
-        while self.failure is None and select.select([self.sock], [], [], wait)[0]:
+        watched = [self.sock] + ([wake] if wake is not None else [])
+        while self.failure is None and self.sock in select.select(watched, [], [], wait)[0]:
             wait = 0
+            watched = [self.sock]
             try:
                 message, fds = receive(self.sock)
             except OSError as e:

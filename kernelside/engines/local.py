@@ -143,7 +143,8 @@ class LocalEngine(Engine):
         self.sock = None
 
     def stop(self) -> None:
-        self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
+        if self.group is not None:  # (None: stopped before any rank started)
+            self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
 
     def poll(self, recorder, wait_s: float) -> bool:
         if self.loop is None:

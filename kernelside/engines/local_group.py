@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 
+from .. import interrupts
 from ..launch.report import ExitStatus
 from ..worker.entry import SPAWN_COMMAND, Payload, enter_forked, spawn_env
 
@@ -182,21 +183,32 @@ class WorkerGroup:
             if not w.reaped:
                 try:
                     os.killpg(w.pid, sig)
-                except (ProcessLookupError, PermissionError):
+                except ProcessLookupError:
+                    # a rank forked a moment ago has not called setsid() yet (no process group of its pid): the
+                    # process itself, which is ours and unreaped, so its pid cannot be another's
+                    try:
+                        os.kill(w.pid, sig)
+                    except (ProcessLookupError, PermissionError):
+                        pass
+                except PermissionError:
                     pass
 
     def wait_all(self, deadline: float) -> bool:
-        """Wait until every worker has ended or ``deadline`` (monotonic) passes."""
+        """Wait until every worker has ended or ``deadline`` (monotonic) passes, or ■ is pressed again."""
+        gate = interrupts.GATE
+        presses = gate.presses
+        pressed = interrupts.wake_fd()
         while True:
             alive = self.running()
             if not alive:
                 return True
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or gate.presses_since(presses):
                 return False
             fds = [w.pidfd for w in alive if w.pidfd is not None]
             if len(fds) == len(alive):
-                select.select(fds, [], [], left)
+                select.select(fds + ([pressed] if pressed is not None else []), [], [], left)
+                gate.drain()
             else:
                 time.sleep(min(left, 0.02))
 
@@ -213,8 +225,8 @@ class WorkerGroup:
                 self.signal_all(signal.SIGTERM)
                 if grace > 0:
                     try:
-                        self.wait_all(time.monotonic() + grace)
-                    except KeyboardInterrupt:
+                        self.wait_all(time.monotonic() + grace)  # (■ pressed again: no more waiting)
+                    except KeyboardInterrupt:  # (outside nblaunch's deferral: the same)
                         pass
         finally:
             # Always: stray grandchildren (DataLoader workers, a rank's own children) go too.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import selectors
 
+from .. import interrupts
 from ..channel import EventReader
 from .local_bridge import EVENT_KINDS, NotebookBridge
 from .rank_reader import RankReader
@@ -42,6 +43,9 @@ class EventLoop:
         # rank 0's display() and the ranks' input() reach the notebook
         self.bridge = NotebookBridge(recorder)
         self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
+        pressed = interrupts.wake_fd()  # ■ wakes the loop at once; the runner acts on it after this poll
+        if pressed is not None:
+            self.sel.register(pressed, selectors.EVENT_READ, (None, "interrupt"))
         if recorder.tracker is not None:  # the launch panel's Stop, served from this loop
             recorder.tracker.attach(self.sel, recorder.stop_requested, self.stack_targets)
         self.finished = False
@@ -61,6 +65,8 @@ class EventLoop:
             who, kind = key.data
             if kind == "stdin":
                 self.bridge.on_wake()
+            elif kind == "interrupt":
+                continue  # (the runner's check, right after this poll, drains it and acts)
             elif kind == "control":
                 who.on_ready(key.fd)  # the run's control channel (launch/run_control.py)
             elif kind == "exit":

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 
+from .. import interrupts
 from ..config import resolve_config
 from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
@@ -80,8 +81,12 @@ def plan_for(cfg):
     )
 
 
+@interrupts.deferring()
 def launch(req: LaunchRequest) -> LaunchOutcome:
-    """Run ``req.fn`` on every rank; return rank 0's value (and all values with ``return_all``)."""
+    """Run ``req.fn`` on every rank; return rank 0's value (and all values with ``return_all``).
+
+    ■ at any moment of it is counted, not raised where it lands (``kernelside.interrupts``): the ranks are
+    stopped, and the call raises a short ``KeyboardInterrupt``, from the points this module chose."""
     inside = current_worker()
     if inside is not None:
         raise LaunchError(
@@ -108,6 +113,7 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
     req = dataclasses.replace(req, fn=payload.callable_for(plan.start_method), namespace=None)
     for notice in plan.notices:
         out.write(notice + "\n")
+    interrupts.check()  # ■ during the configuration: nothing has started yet
     if not KERNEL_LAUNCHES.lock.acquire(blocking=False):
         raise LaunchError(
             "another nblaunch launch is already running in this kernel (from another thread); "
@@ -177,12 +183,15 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     except KeyboardInterrupt as e:
         # Said before the ranks are stopped (where each one was), raised once they are gone; the stack of
         # this loop is nblaunch's plumbing, so the notebook shows one line saying what became of the ranks.
+        waited = recorder.stopping  # ■ while ranks were already stopping (a failure's, a timeout's): no more waiting
         message = None if isinstance(e, CellInterrupted) else _interrupted_message(report, engine)
         recorder.stop_for_interrupt()
-        try:
-            _watch(engine, recorder, None, t_call)  # the ranks' grace to end (or come back to rest)
-        except KeyboardInterrupt:
-            pass  # a second Ctrl-C: no more waiting
+        engine.on_interrupt(again=waited)
+        if not waited:
+            try:
+                _watch(engine, recorder, None, t_call)  # the ranks' grace to end (or come back to rest)
+            except KeyboardInterrupt:
+                engine.on_interrupt(again=True)  # ■ again: no more waiting
         interrupted = engine.interrupt_error(recorder) or (e if message is None else CellInterrupted(message))
     finally:
         # (after Ctrl-C the grace was given above; stopped from the panel: the recorder's shorter one was)
@@ -198,12 +207,14 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
 
 
 def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
-    """Poll ``engine`` until the run is over, applying the deadline and, once stopping, the grace."""
+    """Poll ``engine`` until the run is over, applying the deadline and, once stopping, the grace (an engine's
+    ``stop_grace_s`` of None: none, its ranks are waited for as long as they live)."""
     deadline = t_call + timeout if timeout else None
     while True:
         now = time.monotonic()
         stopping = recorder.stopping_since
-        if stopping is not None and now - stopping > (recorder.grace_s or engine.stop_grace_s):
+        grace = recorder.grace_s or engine.stop_grace_s
+        if stopping is not None and grace is not None and now - stopping > grace:
             return  # the engine's close() kills what is left
         if deadline is not None and stopping is None and now >= deadline:
             recorder.timeout(timeout)  # the recorder asks the engine to stop every rank
@@ -211,6 +222,7 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
         wait = POLL_S if deadline is None or stopping is not None else max(0.0, min(POLL_S, deadline - now))
         if engine.poll(recorder, wait):
             return
+        interrupts.check()  # ■ is acted on here, between two turns of the loop (never where it landed)
 
 
 def _interrupted_message(report: LaunchReport, engine) -> str:

@@ -18,6 +18,10 @@ from __future__ import annotations
 import os
 import threading
 
+from .. import interrupts
+
+JOIN_POLL_S = 0.05  # how often a launch waiting for the imports looks for ■
+
 
 class _Warmup:
     """The background import: its thread, whether it is done, and the lock that starts it once."""
@@ -60,14 +64,17 @@ def start() -> None:
 
 
 def ensure() -> None:
-    """Return once the imports are done: joins the background thread, or imports here."""
+    """Return once the imports are done, in the background thread (started now if it was not): ■ meanwhile
+    stops the launch at once (``interrupts.check``) and the imports go on, whole, for the next launch."""
     if WARMUP.done:
         return
+    start()
     t = WARMUP.thread
-    if t is None:
-        _run()
-    elif t is not threading.current_thread():
-        t.join()
+    if t is threading.current_thread():
+        return
+    while t.is_alive():
+        t.join(JOIN_POLL_S)
+        interrupts.check()
 
 
 def _before_fork() -> None:

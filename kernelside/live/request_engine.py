@@ -14,8 +14,12 @@ back to idle with its namespace instead of ending it:
   ``rebuild``s the default group in place (same processes, DDP models re-pointed).
 
 Ranks that wait in different collectives (``waiting`` events) are named as the failure at once.
-Only a rank that died, or one that cannot come back or rebuild, means the world is restarted (new
-processes, same flags), and the error says so plainly.
+
+A rank that is alive but slow to come back (a loaded machine, a long C call, a debugger) is waited for,
+however long it takes: its state is worth more than the wait. ``SETTLE_S`` after the stop, the cell says
+once what failed, which rank it still waits for and where, and that ■ again stops waiting. The world is
+restarted (new processes, same flags) only when a rank process is gone, when a rebuild failed, or when
+the user pressed ■ again, and the error says so plainly.
 
 Example::
 
@@ -33,12 +37,12 @@ from ..engines.contract import Engine
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
 from ..run_contract import RankState
+from ..short_traceback import first_line
 
-SETTLE_S = 2.0  # how long ranks get to come back to idle after a stop (and Ctrl-C) before the restart
+SETTLE_S = 2.0  # a rank not back this long after a stop is named in the cell as still awaited (never given up on)
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
 WHERE_WAIT_S = 1.0  # the longest the end of a stopped request waits for the ranks' answers to ``where``
 ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every rank closes its group sockets
-REBUILD_S = 30.0  # the longest a process-group rebuild may take before the world is restarted instead
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
 REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
 KEPT = "no rank was left waiting in a collective: every rank kept its state, and the process group needed no rebuild"
@@ -47,7 +51,6 @@ KEPT = "no rank was left waiting in a collective: every rank kept its state, and
 class LiveRunEngine(Engine):
     """The engine contract over a live session's ranks, for one request."""
 
-    stop_grace_s = SETTLE_S  # (run_engine's deadline is the plan's timeout, the session's or the cell's)
     defer_display = True  # a quick cell opens no widget (launch.runner.run_engine)
 
     def __init__(self, session, req_id: int, ranks, *, blob: bytes | None, timeout: float | None, label: str):
@@ -66,7 +69,14 @@ class LiveRunEngine(Engine):
         self.answered: set[int] = set()
         self.waiting: dict[int, dict] = {}  # rank -> the collective it has waited in for a while
         self.mismatch = False  # the failure is ranks waiting in collectives that never meet (said in full)
-        self.rebuilding: tuple[int, float] | None = None  # (generation, give up at) while ranks rebuild the group
+        self.rebuilding: int | None = None  # the generation the ranks are rebuilding the group to
+        self.awaited_said = False  # the cell was told which rank it still waits for
+        self.given_up = False  # ■ again while ranks were still coming back: the user wants no more waiting
+
+    @property
+    def stop_grace_s(self) -> float | None:
+        """No limit for a request's ranks, which hold the session's state; the start's own run has none to keep."""
+        return None if self.req_id else SETTLE_S
 
     # -- the engine contract ---------------------------------------------------------------
     def prepare(self) -> int:
@@ -82,7 +92,11 @@ class LiveRunEngine(Engine):
             self.blob = None  # the kernel keeps no copy of what it sent
 
     def stop(self) -> None:
-        """The first failure (or Ctrl-C, or the timeout): every rank still running it comes back to idle."""
+        """The first failure (or Ctrl-C, or the timeout): every rank still running it comes back to idle. The
+        start's own run has no state to keep: its ranks end (SIGTERM), as a one-shot launch's do."""
+        if not self.req_id:
+            self.session.world.group.signal_all(signal.SIGTERM)
+            return
         if self.signalled_at is None:
             running = self._running()
             self.asked = {w.rank for w in running} - set(self._control("where", running))
@@ -107,6 +121,10 @@ class LiveRunEngine(Engine):
                 readers=self.session.world.readers,
             )
         return self.loop.poll(wait_s)
+
+    def on_interrupt(self, again: bool) -> None:
+        if again:
+            self.given_up = True
 
     def interrupt_error(self, recorder) -> BaseException:
         back = self._all_back(recorder) and self._broken(recorder) is None
@@ -152,9 +170,9 @@ class LiveRunEngine(Engine):
     # -- inside ----------------------------------------------------------------------------
     def _over(self, recorder) -> bool:
         """The loop's end: every rank back to idle, then (after an abort, or ranks out of step) the group rebuilt."""
+        self._say_awaited(recorder)
         if self.rebuilding is not None:
-            gen, give_up_at = self.rebuilding
-            return self._rebuilt(recorder, gen) or time.monotonic() >= give_up_at
+            return self._rebuilt(recorder, self.rebuilding)
         return self._all_back(recorder) and not self._rebuild_if_needed(recorder)
 
     def _alive(self):
@@ -240,10 +258,43 @@ class LiveRunEngine(Engine):
         gen = self.session.world.next_generation()
         body = pickle.dumps({"kind": "rebuild", "id": self.req_id, "gen": gen}, protocol=5)
         self.session.send(tuple(w.rank for w in alive), body)
-        # run_engine ends a stopping run's wait after its grace; the rebuild is this engine's to time
-        recorder.grace_s = REBUILD_S + (time.monotonic() - (recorder.stopping_since or time.monotonic()))
-        self.rebuilding = (gen, time.monotonic() + REBUILD_S)
+        self.rebuilding = gen
         return True
+
+    def _awaited(self, recorder) -> list[int]:
+        """The live ranks this request still waits for: not back to idle, or (rebuilding) not on the new group."""
+        if self.rebuilding is not None:
+            return [w.rank for w in self._alive() if recorder.idle.get(w.rank, {}).get("group") != self.rebuilding]
+        return [w.rank for w in self._running()]
+
+    def _say_awaited(self, recorder) -> None:
+        """Once, ``SETTLE_S`` into a stop: what failed, which rank the cell still waits for and where, and what ■
+        again does. The wait goes on: every rank process is alive, and its state is kept."""
+        since = recorder.stopping_since
+        if self.awaited_said or not self.req_id or since is None or time.monotonic() - since < SETTLE_S:
+            return
+        awaited = self._awaited(recorder)
+        if not awaited:
+            return
+        self.awaited_said = True
+        root = recorder.report.root_cause()
+        what = (
+            f"rank {root.rank} failed ({first_line(root.message)})"
+            if root is not None and root.rank is not None
+            else first_line(root.message)
+            if root is not None
+            else "the cell was interrupted (■)"
+        )
+        where = self._where_by_rank()
+        names = ", ".join(map(str, awaited))
+        doing = "rebuild the process group" if self.rebuilding is not None else "come back to idle"
+        at = "; ".join(where[r] for r in awaited if r in where)
+        self.session.err.write(
+            f"nblaunch: {what}. Still waiting for rank(s) {names} to {doing}{f' ({at})' if at else ''}: every rank "
+            "keeps its state meanwhile. Press ■ again to stop waiting; the live session is then restarted and its "
+            "state is lost.\n"
+        )
+        self.session.err.flush()
 
     def _rebuilt(self, recorder, gen: int) -> bool:
         """Every rank came back with group ``gen`` (then ``rebuilt`` is set), or a rank ended."""
@@ -258,14 +309,18 @@ class LiveRunEngine(Engine):
         return True
 
     def _where_lines(self) -> list[str]:
-        lines = []
+        return list(self._where_by_rank().values())
+
+    def _where_by_rank(self) -> dict[int, str]:
+        """Each stopped rank's place ("rank 1 was at cell In[3], line 2, calling sleep()"), but the root cause's."""
+        lines = {}
         for rank in sorted(self.where):
             w = self.where[rank]
             root = self.recorder.report.root_cause() if self.recorder is not None else None
             if root is not None and root.rank == rank:
                 continue  # the root cause: its own traceback says where it was
             if w.get("line") is None and w.get("seq") is None:
-                lines.append(f"rank {rank} had not started the cell")
+                lines[rank] = f"rank {rank} had not started the cell"
                 continue
             coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
             if not coll and w.get("inside"):  # a torch function that waits in C++ (DDP's parameter checks, say)
@@ -273,7 +328,7 @@ class LiveRunEngine(Engine):
             elif not coll and w.get("calling"):  # a C function called from the line itself (sleep, wait, item)
                 coll = f", calling {w['calling']}()"
             at = f"was at {w['line']}" if w.get("line") else "was not in the cell's code (starting or ending it)"
-            lines.append(f"rank {rank} {at}{coll}")
+            lines[rank] = f"rank {rank} {at}{coll}"
         return lines
 
     def _broken(self, recorder) -> str | None:
@@ -284,11 +339,14 @@ class LiveRunEngine(Engine):
         stuck = [w.rank for w in workers if w.rank in self.ranks and recorder.rank_state(w.rank) is not RankState.IDLE]
         if stuck:
             names = ", ".join(map(str, stuck))
+            why = "■ was pressed again while " if self.given_up else ""
             return (
-                f"rank(s) {names} did not come back within {SETTLE_S:g}s of being interrupted, even with their "
-                "process-group connections closed (a C-level wait outside the process group, or code holding the GIL)"
+                f"{why}rank(s) {names} had not come back to idle (a C-level wait outside the process group, or "
+                "code holding the GIL), so the wait was given up"
             )
         if self.aborted and self.rebuilt is None:
+            if self.given_up and self.rebuilding is not None:
+                return "■ was pressed again while the ranks were rebuilding the process group, so the wait was given up"
             return "the process group could not be rebuilt in the same processes"
         if self.rebuilt is None and set(self.ranks) == {w.rank for w in workers}:
             seqs = {r: recorder.idle[r].get("seq") for r in self.ranks}

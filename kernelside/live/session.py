@@ -30,9 +30,10 @@ import sys
 import threading
 import time
 
+from .. import interrupts
 from ..config import resolve_config
 from ..display.progress_view import render_mode
-from ..errors import LaunchConfigError, LaunchError, WorkerError
+from ..errors import CellInterrupted, LaunchConfigError, LaunchError, WorkerError
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, plan_for, run_engine
@@ -52,6 +53,7 @@ def _one_at_a_time(method):
     (The panel's Stop between cells holds it for a moment: then the request waits, and finds the session gone.)"""
 
     @functools.wraps(method)
+    @interrupts.deferring(interrupts.REQUEST_NOT_SENT)
     def wrapper(self, *args, **kwargs):
         if not self.life.acquire(blocking=False):
             if not self.runs.stop_asked.is_set():
@@ -102,6 +104,7 @@ class LiveSession:
 
     # -- life cycle ------------------------------------------------------------------------
     @classmethod
+    @interrupts.deferring(interrupts.SESSION_NOT_STARTED)
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
         running = registry.current()
@@ -124,6 +127,9 @@ class LiveSession:
                 session.world.state = "idle"
             # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
             session.start_display = engine.recorder.display if engine.recorder is not None else None
+        except KeyboardInterrupt as e:
+            session._close("failed", e)
+            raise CellInterrupted(interrupts.SESSION_NOT_STARTED) from None
         except BaseException as e:
             session._close("failed", e)
             raise
@@ -140,8 +146,9 @@ class LiveSession:
         self._bring_up("the live session was restarted, but its new ranks")
 
     def stop(self) -> None:
-        """Stop every rank; nothing is left (processes, port, fds). Safe to call twice."""
-        with self.life:
+        """Stop every rank; nothing is left (processes, port, fds). Safe to call twice. ■ meanwhile ends the
+        ranks' grace at once (SIGKILL); the stop itself always completes."""
+        with interrupts.deferred(interrupts.SESSION_STOPPED, interrupts.SESSION_STOPPED), self.life:
             self._close("done")
 
     def stop_from_panel(self) -> None:

@@ -17,6 +17,7 @@ import time
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments, parse_argstring
 
+from .. import interrupts
 from ..errors import LaunchConfigError
 from ..live import registry as live
 from .magic_flags import launch_flags, settings
@@ -36,6 +37,7 @@ class LiveMagics(Magics):
     @magic_arguments()
     @launch_flags
     @line_magic
+    @interrupts.deferring(interrupts.SESSION_NOT_STARTED)
     def distributed_start(self, line):
         """Start live ranks that stay up across cells; returns when every rank is ready.
 
@@ -51,6 +53,7 @@ class LiveMagics(Magics):
         print(f"nblaunch: live session up in {time.monotonic() - t0:.2f}s: {s.describe()}")
 
     @line_magic
+    @interrupts.deferring(interrupts.SESSION_STOPPED, interrupts.SESSION_STOPPED)
     def distributed_stop(self, line):
         """Stop the live session: every rank process ends, the port and every fd are freed."""
         s = live.current()
@@ -61,6 +64,7 @@ class LiveMagics(Magics):
         print("nblaunch: live session stopped; nothing is left running.")
 
     @line_magic
+    @interrupts.deferring(interrupts.SESSION_NOT_RESTARTED)
     def distributed_restart(self, line):
         """New rank processes with the same flags; every name the cells made is gone."""
         s = _require()
@@ -68,6 +72,7 @@ class LiveMagics(Magics):
         print(f"nblaunch: the live session was restarted: its state is gone. {s.describe()}")
 
     @line_magic
+    @interrupts.deferring(interrupts.REQUEST_NOT_SENT, interrupts.PUSHED)
     def distributed_push(self, line):
         """Send these notebook values to every rank now: ``%distributed_push cfg,weights``."""
         names = [n for n in line.replace(",", " ").split() if n]

@@ -19,6 +19,7 @@ from __future__ import annotations
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from .. import interrupts
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
@@ -55,6 +56,7 @@ class DistributedMagics(Magics):
     @launch_flags
     @cell_flags
     @cell_magic
+    @interrupts.deferring()
     def distributed(self, line, cell):
         """Run this cell on N workers with torch.distributed set up; rank 0's output streams here.
 

@@ -24,10 +24,11 @@ for step in progress(range(1, 201), desc="train"):
 print(f"rank {rank} done")
 """
 OUTPUT_ALL = "%%distributed -n 2 --output all\nfor i in range(3):\n    print(f'hello {i} from rank {rank}')"
-WIDGET_SLEEP = "import ipywidgets, time\ndisplay(ipywidgets.HTML('a widget'))\ntime.sleep(4)"
-PLAIN_SLEEP = "time.sleep(4)"
+# (8 s each: the status bar's 20 samples, 0.2 s apart, take longer than 4 s on a loaded machine)
+WIDGET_SLEEP = "import ipywidgets, time\ndisplay(ipywidgets.HTML('a widget'))\ntime.sleep(8)"
+PLAIN_SLEEP = "time.sleep(8)"
 NBLAUNCH_SLEEP = (
-    "%%distributed -n 2\nfrom kernelside import progress\nfor _ in progress(range(40)):\n    time.sleep(0.1)"
+    "%%distributed -n 2\nfrom kernelside import progress\nfor _ in progress(range(80)):\n    time.sleep(0.1)"
 )
 
 
