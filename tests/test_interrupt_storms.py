@@ -40,7 +40,7 @@ def quick():
 
 def importing():
     print("importing", flush=True)
-    import pandas  # noqa: F401  (a real import of a second or so, which neither the kernel nor the template made)
+    import nblaunch_slow_import  # noqa: F401  (SLOW_IMPORT: the rank is inside an import until ■ ends it)
     return 1
 
 def in_collective():
@@ -81,10 +81,21 @@ def _launch(method: str, fn: str = "quick") -> str:
     return f"notebook_launcher({fn}, num_processes=2, start_method='{method}')"
 
 
+# A module whose import lasts until a file appears that no test makes (60 s at most): whatever the machine's speed,
+# a rank that prints "importing" is inside an import (its module lock held, the module half made) when ■ comes.
+SLOW_IMPORT = """import os, time
+_until = time.monotonic() + 60
+while not os.path.exists(os.path.join(os.path.dirname(__file__), "never")) and time.monotonic() < _until:
+    time.sleep(0.01)
+"""
+
+
 @pytest.fixture(scope="module")
-def kernel():
+def kernel(tmp_path_factory):
+    modules = tmp_path_factory.mktemp("modules")
+    (modules / "nblaunch_slow_import.py").write_text(SLOW_IMPORT)
     k = Kernel()
-    k.run(SETUP, timeout=120).ok()
+    k.run(f"import sys\nsys.path.insert(0, {str(modules)!r})\n" + SETUP, timeout=120).ok()
     for method in METHODS:  # the first launch of each method starts what later ones reuse (the forkserver template)
         assert k.run(f"print({_launch(method)})").ok().stdout == "1\n"
     yield k
