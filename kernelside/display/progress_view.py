@@ -16,7 +16,7 @@ import time
 
 from tqdm import std as tqdm_std
 
-from ..notebook.cell_label import running_shell
+from ..kernel_shell import running_shell
 from ..run_contract import RankState
 from .metrics_chart import MetricsChart
 from .run_links import log_links_html, run_link_html, run_name

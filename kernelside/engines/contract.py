@@ -15,6 +15,7 @@ The life of one run, driven by ``run_engine``::
     engine.close(grace, recorder)      # SIGTERM → SIGKILL after grace, reap, free (safe twice)
 
 and ``stop()``, which the recorder calls once at the first failure (or the timeout, Stop, Ctrl-C).
+How a rank ended, as every engine reports it (``recorder.exited(rank, ExitStatus(...))``), is defined here too.
 
 Example::
 
@@ -25,6 +26,39 @@ Example::
 from __future__ import annotations
 
 import abc
+import dataclasses
+import signal
+
+
+@dataclasses.dataclass
+class ExitStatus:
+    """How a worker ended: ``exitcode`` for a normal exit, ``signal`` for death by signal."""
+
+    exitcode: int | None
+    signal: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exitcode == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            name = signal_name(self.signal)
+            hint = {
+                signal.SIGKILL: " — out of memory?",
+                signal.SIGSEGV: " (segmentation fault)",
+                signal.SIGBUS: " (bus error)",
+                signal.SIGABRT: " (aborted)",
+            }.get(self.signal, "")
+            return f"killed by {name}{hint}"
+        return f"exit code {self.exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def launch_settings(plan, render: str, return_all: bool) -> dict:

@@ -32,10 +32,9 @@ import threading
 import time
 
 from ..errors import LaunchConfigError
-from ..launch.report import ExitStatus
 from ..worker.context import set_current
 from ..worker.lifecycle import RankSpec, run_rank
-from .contract import Engine, launch_settings
+from .contract import Engine, ExitStatus, launch_settings
 
 FLUSH_S = 0.05
 CANCEL_WAIT_S = 15.0

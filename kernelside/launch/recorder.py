@@ -30,9 +30,10 @@ import time
 
 import cloudpickle
 
+from ..engines.contract import ExitStatus
 from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
 from ..run_contract import RankState
-from .report import ExitStatus, Failure, LaunchReport, RankReport, format_failure_message
+from .report import Failure, LaunchReport, RankReport, format_failure_message
 from .run_control import STOPPED_MESSAGE
 
 CLOCKS = {"monotonic": time.monotonic, "wall": time.time}

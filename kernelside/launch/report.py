@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal
 
+from ..engines.contract import ExitStatus
 from ..run_contract import RankState
 
 # Errors a rank raises *because a peer died* (its collective lost the connection). They are
@@ -21,37 +21,6 @@ _PEER_LOSS = re.compile(
     r"DistNetworkError|recvBytes|sendBytes|socket closed|Socket Timeout|ECONNRESET|EPIPE",
     re.IGNORECASE,
 )
-
-
-@dataclasses.dataclass
-class ExitStatus:
-    """How a worker ended: ``exitcode`` for a normal exit, ``signal`` for death by signal."""
-
-    exitcode: int | None
-    signal: int | None
-
-    @property
-    def ok(self) -> bool:
-        return self.exitcode == 0
-
-    def describe(self) -> str:
-        if self.signal is not None:
-            name = signal_name(self.signal)
-            hint = {
-                signal.SIGKILL: " — out of memory?",
-                signal.SIGSEGV: " (segmentation fault)",
-                signal.SIGBUS: " (bus error)",
-                signal.SIGABRT: " (aborted)",
-            }.get(self.signal, "")
-            return f"killed by {name}{hint}"
-        return f"exit code {self.exitcode}"
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 @dataclasses.dataclass

@@ -23,7 +23,7 @@ import os
 import sys
 import time
 
-from ..notebook.cell_label import running_cell_count, running_shell
+from ..kernel_shell import running_cell_count, running_shell
 from ..private_dir import open_in, replace_in
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 
@@ -71,7 +71,7 @@ def running_cell() -> dict:
     """The notebook cell that started this launch: ``{"cell": its execution count, "flags": its magic line}``.
 
     The Runs dashboard shows both and scrolls to the cell by its count (the one a rank's traceback
-    names, ``notebook/cell_label.py``). Outside a kernel (a script) both are None.
+    names, ``kernel_shell.py``). Outside a kernel (a script) both are None.
 
     Example::
 

@@ -28,10 +28,10 @@ from ..display.progress_view import make_run_display, render_mode
 from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError
-from ..notebook.namespace import Payload
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
+from .payload import Payload
 from .plan import make_plan
 from .recorder import RunRecorder
 from .report import LaunchReport

@@ -1,6 +1,6 @@
 """The live transport of notebook names: which of the names a request needs the ranks lack, packed once.
 
-Which names a cell or function needs is decided in ``notebook.namespace`` (the same analysis as a
+Which names a cell or function needs is decided in ``launch.payload`` (the same analysis as a
 one-shot launch and export). Names a ``%%distributed`` cell assigns belong to the ranks from then on.
 Every other name it uses comes from the kernel's current value, sent with cloudpickle — unless the
 ranks already have that value: per name the kernel remembers a fingerprint of what it last sent
@@ -35,7 +35,7 @@ import weakref
 
 import cloudpickle
 
-from ..notebook.namespace import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
+from ..launch.payload import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
 from ..worker.live_rank import rebuild_function
 
 _BY_IDENTITY = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType)
@@ -123,7 +123,7 @@ class NameSender:
 
         Example::
 
-            >>> values, assigned = session.names.for_cell(program, kernel_namespace())   # doctest: +SKIP
+            >>> values, assigned = session.names.for_cell(program, notebook_namespace())   # doctest: +SKIP
         """
         needed = cell_needs(program.source, program.filename, kernel_ns)
         return self.collect(needed, kernel_ns), names_assigned(program.source, program.filename)
@@ -133,7 +133,7 @@ class NameSender:
 
         Example::
 
-            >>> values = session.names.for_function(train, kernel_namespace())   # doctest: +SKIP
+            >>> values = session.names.for_function(train, notebook_namespace())   # doctest: +SKIP
         """
         return self.collect(function_needs(fn, kernel_ns), kernel_ns)
 

@@ -34,10 +34,10 @@ from .. import interrupts
 from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError, WorkerError
+from ..kernel_shell import kernel_io_loop, notebook_namespace
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, plan_for, run_engine
-from ..notebook.cell_label import running_shell
 from . import registry
 from .names import NameSender, dumps
 from .request_engine import LiveRunEngine
@@ -67,12 +67,6 @@ def _one_at_a_time(method):
     return wrapper
 
 
-def kernel_namespace() -> dict:
-    """The notebook's namespace: IPython's user namespace, else ``__main__``'s."""
-    shell = running_shell()
-    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
-
-
 class LiveSession:
     """Ranks that stay up across cells. Use ``start()``; every method runs in the kernel's main thread."""
 
@@ -95,7 +89,7 @@ class LiveSession:
         self.ids = itertools.count(1)
         self.logs = contextlib.ExitStack()
         self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
-        self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=kernel_namespace)
+        self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=notebook_namespace)
         self.names = NameSender()
         self.started_at = time.monotonic()
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
@@ -214,7 +208,7 @@ class LiveSession:
     def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
-        ns = kernel_namespace()
+        ns = notebook_namespace()
         values, assigned = self.names.for_cell(program, ns)
         return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
 
@@ -224,7 +218,7 @@ class LiveSession:
         if not callable(fn):
             raise LaunchConfigError("function", fn, "a callable (a function defined in the notebook, say)")
         self._ensure_world()
-        ns = kernel_namespace()
+        ns = notebook_namespace()
         values = self.names.for_function(fn, ns)
         return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
 
@@ -232,7 +226,7 @@ class LiveSession:
     def push(self, names, source: dict | None = None) -> list[str]:
         """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
-        ns = kernel_namespace() if source is None else source
+        ns = notebook_namespace() if source is None else source
         missing = [n for n in names if n not in ns]
         if missing:
             raise LaunchConfigError(
@@ -402,6 +396,6 @@ def _in_kernel_thread(fn) -> None:
     if threading.current_thread() is threading.main_thread():
         fn()
         return
-    loop = getattr(getattr(running_shell(), "kernel", None), "io_loop", None)
+    loop = kernel_io_loop()
     if loop is not None:
         loop.add_callback(fn)

@@ -23,9 +23,9 @@ from .. import interrupts
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
+from ..kernel_shell import cell_label
 from ..launch.runner import last_report
 from ..live import registry as live_session
-from .cell_label import cell_label
 from .cell_targets import CellRequest, cell_target
 from .config_report import config_report
 from .export import CellRecord, export_cell, export_function, last_cell

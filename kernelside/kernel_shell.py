@@ -1,9 +1,14 @@
-"""The name a rank's traceback gives the cell: the execution count the notebook shows beside it.
+"""The kernel's IPython shell, found without importing IPython, and what nblaunch asks of it.
+
+Torch-free and IPython-free: every floor that needs the shell (the display's cell output, the Runs view's
+cell link, a live session's io loop, the CUDA guard's cell names) looks it up here, never by hand.
+``running_shell()`` is None in a plain script and in a rank.
+
+The name a rank's traceback gives the cell is the execution count the notebook shows beside it.
 
 IPython 9 counts a cell before running it (``shell.execution_count`` is already the next cell's number while
 it runs); older IPython counts after. The input history has the running cell stored last either way, so its
-index is the count the notebook shows. ``running_shell`` finds the shell without importing IPython
-(a plain script has none).
+index is the count the notebook shows.
 
 Example::
 
@@ -19,7 +24,19 @@ import sys
 def running_shell():
     """IPython's running shell, or None: IPython not imported (never imported here), or no shell running."""
     ipython = sys.modules.get("IPython")
-    return ipython.get_ipython() if ipython is not None else None
+    get = getattr(ipython, "get_ipython", None)  # a half-imported IPython (an import in progress) has none yet
+    return get() if get is not None else None
+
+
+def notebook_namespace() -> dict:
+    """The notebook's namespace: IPython's user namespace, else ``__main__``'s (a script)."""
+    shell = running_shell()
+    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
+
+
+def kernel_io_loop():
+    """The Jupyter kernel's tornado io loop, or None outside a kernel."""
+    return getattr(getattr(running_shell(), "kernel", None), "io_loop", None)
 
 
 def running_cell_count(shell) -> int:
