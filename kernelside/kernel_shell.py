@@ -19,6 +19,7 @@ Example::
 from __future__ import annotations
 
 import sys
+import threading
 
 
 def running_shell():
@@ -37,6 +38,19 @@ def notebook_namespace() -> dict:
 def kernel_io_loop():
     """The Jupyter kernel's tornado io loop, or None outside a kernel."""
     return getattr(getattr(running_shell(), "kernel", None), "io_loop", None)
+
+
+def call_in_kernel_thread(fn) -> None:
+    """Call ``fn`` (a widget update) in the kernel's main thread: now, or from another thread (the panel's Stop)
+    on the kernel's event loop, which runs it between cells at once. (A widget message sent from that thread
+    itself would open sockets of the thread in the kernel, which outlive it.) Without a kernel loop nothing
+    shows widgets: nothing to do."""
+    if threading.current_thread() is threading.main_thread():
+        fn()
+        return
+    loop = kernel_io_loop()
+    if loop is not None:
+        loop.add_callback(fn)
 
 
 def running_cell_count(shell) -> int:

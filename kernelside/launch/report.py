@@ -13,6 +13,7 @@ import re
 
 from ..engines.contract import ExitStatus
 from ..run_contract import RankState
+from ..short_traceback import first_line
 
 # Errors a rank raises *because a peer died* (its collective lost the connection). They are
 # never the root cause while a rank with another failure exists.
@@ -226,9 +227,7 @@ def _departure_parts(report: LaunchReport, root: Failure) -> tuple[list[str], li
     if losses:
         first = min(losses, key=lambda f: f.t)
         quoted.append(first)
-        parts.append(
-            f"rank {first.rank} was still waiting for it and then failed: {first.message.splitlines()[0][:300]}"
-        )
+        parts.append(f"rank {first.rank} was still waiting for it and then failed: {first_line(first.message)}")
         if first.traceback:
             head = f"\n--- rank {first.rank} traceback (the collective it was in) ---\n"
             parts.append(head + first.traceback.rstrip())

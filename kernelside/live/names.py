@@ -35,6 +35,7 @@ import weakref
 
 import cloudpickle
 
+from ..errors import LaunchConfigError
 from ..launch.payload import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
 from ..worker.live_rank import rebuild_function
 
@@ -110,6 +111,14 @@ class NameSender:
         self.owned: set[str] = set()  # names the cells assigned: the ranks' own
         self.names_bytes = 0  # pickled kernel values sent so far (each value counted once, not per rank)
 
+    @classmethod
+    def for_new_ranks(cls, inherited: dict | None) -> NameSender:
+        """What new ranks hold of the kernel's names: what they ``inherited`` (forked), else nothing."""
+        sender = cls()
+        if inherited is not None:
+            sender.seed(inherited)
+        return sender
+
     def seed(self, kernel_ns: dict) -> None:
         """Forked ranks start with the kernel's namespace: what is recognisable by identity is known."""
         for name, value in list(kernel_ns.items()):
@@ -136,6 +145,20 @@ class NameSender:
             >>> values = session.names.for_function(train, notebook_namespace())   # doctest: +SKIP
         """
         return self.collect(function_needs(fn, kernel_ns), kernel_ns)
+
+    def for_push(self, names, source: dict, *, given: bool) -> tuple[dict[str, tuple], tuple[str, ...]]:
+        """``%distributed_push``: these values as they are now, even if unchanged; values the caller ``given``
+        (not the notebook's) become the ranks' own (the second item: give it to ``sent()``)."""
+        missing = [n for n in names if n not in source]
+        if missing:
+            raise LaunchConfigError(
+                "%distributed_push", ",".join(missing), None, message=f"not defined in the notebook: {missing}"
+            )
+        values = self.collect(names, source, force=True)
+        if not given:
+            return values, ()
+        values = {k: (blob, ("pushed",), None) for k, (blob, _key, _ref) in values.items()}
+        return values, tuple(values)
 
     def collect(self, names, kernel_ns: dict, *, force: bool = False) -> dict[str, tuple]:
         """``{name: (blob, fingerprint, weakref)}`` for the names whose kernel value the ranks lack.

@@ -36,9 +36,10 @@ import time
 from ..launch import rank_stacks
 from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
-from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
+from ..launch.run_state import RunStateWriter, root_cause_line
 from ..launch.run_tracker import RunTracker
 from ..run_contract import FINAL_RUN_STATES, rank_log_name
+from ..short_traceback import error_line
 
 ENGINE = "local (live)"
 PANEL_STOPPED = (
@@ -204,18 +205,15 @@ class LiveRunEntry(RunTracker):
         ``PENDING_WRITE_S``: the file's rename is a journal write that the end of a quick cell need not wait
         for. Either way in the order asked (a write now supersedes one pending)."""
         with self.write_lock:
-            w = self.writer
-            now = time.monotonic()
             key = (state, self.cells, self.session.restarts, self._engine_key())
-            if throttle and key == w.last_key and now - w.last_write < 0.25:
+            if not self.writer.due(key, force=not throttle):
                 return
-            w.last_key, w.last_write = key, now
             snap = self.snapshot(state, final=final, error=error)
             if later and self.thread is not None and self.thread.is_alive():
                 self._pending = snap  # (no wake-up: waking a thread costs a quick cell more than the write)
                 return
             self._pending = None  # (superseded)
-            w.write(snap)  # a disk error costs the view, not the session
+            self.writer.write(snap)  # a disk error costs the view, not the session
 
     def _engine_key(self):
         rec = getattr(self.engine, "recorder", None)
@@ -223,11 +221,9 @@ class LiveRunEntry(RunTracker):
 
     def snapshot(self, state: str, *, final: bool = False, error=None) -> dict:
         """The JSON-ready state of the session (``state``: starting | idle | running | done | stopped | failed)."""
-        s, w = self.session, self.writer
-        now = time.monotonic()
-        out = {**w.base, "started": w.started, "updated": time.time(), "updated_monotonic": now}
+        s = self.session
+        out = self.writer.header()
         out.update(
-            elapsed_s=now - w.t0,
             state=state,
             session=True,
             world_size=s.plan.num_processes,
@@ -245,9 +241,7 @@ class LiveRunEntry(RunTracker):
                 out["root_cause"] = PANEL_STOPPED.removeprefix("nblaunch: ")
             elif error is not None:
                 report = getattr(error, "report", None)
-                line = root_cause_line(report) if report is not None else None
-                text = (str(error).splitlines() or [""])[0][:300]
-                out["root_cause"] = line or (f"{type(error).__name__}: {text}" if text else type(error).__name__)
+                out["root_cause"] = (root_cause_line(report) if report is not None else None) or error_line(error)
         return out
 
     def _ranks(self, state: str) -> list[dict]:
@@ -257,8 +251,6 @@ class LiveRunEntry(RunTracker):
         rows = []
         for wk in world.group.workers if world is not None else ():
             pid = wk.pid or None
-            if pid not in self.writer.pid_starts:
-                self.writer.pid_starts[pid] = proc_start_time(pid)
             rank_state = live_rank_state(
                 process_ended=wk.status is not None,
                 session_over=state in FINAL_RUN_STATES,
@@ -269,7 +261,7 @@ class LiveRunEntry(RunTracker):
                 {
                     "rank": wk.rank,
                     "pid": pid,
-                    "pid_start": self.writer.pid_starts[pid],
+                    "pid_start": self.writer.pid_start(pid),
                     "state": rank_state,
                     "exit": wk.status.describe() if wk.status is not None else None,
                     "log": rank_log_name(wk.rank),
