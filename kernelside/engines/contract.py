@@ -11,7 +11,8 @@ The life of one run, driven by ``run_engine``::
     port = engine.prepare()            # imports, rendezvous port; nothing started yet
     engine.start(recorder)             # ranks started, recorder.add_ranks(...)
     while not engine.poll(recorder, wait_s):   # observations → recorder, for at most wait_s
-        ...                            # run_engine: deadline → recorder.timeout(); grace over → leave
+        recorder.tick()                # run_engine: housekeeping once per turn; deadline → recorder.timeout();
+        ...                            # grace over → leave
     engine.close(grace, recorder)      # SIGTERM → SIGKILL after grace, reap, free (safe twice)
 
 and ``stop()``, which the recorder calls once at the first failure (or the timeout, Stop, Ctrl-C).
@@ -122,6 +123,11 @@ class Engine(abc.ABC):
     def close(self, grace: float, recorder) -> None:
         """Whatever is left is stopped (killed after ``grace`` seconds), reaped and freed; the last
         observations go to the recorder (None: nobody listens any more). Safe to call twice."""
+
+    def rank_processes(self) -> list[tuple[int, int, str | None]]:
+        """Where the ranks are, for asking their stacks: this kernel's own rank processes as (rank, pid, how it
+        ended or None). Empty for ranks that are not this kernel's children (Ray, torch's elastic launcher)."""
+        return []
 
     def on_interrupt(self, again: bool) -> None:
         """■ was acted on (``again``: while the ranks were already being stopped, so the user wants no more

@@ -260,7 +260,6 @@ class ElasticEngine(Engine):
         self.thread.join(wait_s)
         if self.stopping:
             self._signal_workers(signal.SIGTERM)  # a worker that started after stop() was asked
-        recorder.tick()
         if self.thread.is_alive():
             return False
         self.events.drain(recorder)

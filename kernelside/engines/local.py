@@ -141,6 +141,11 @@ class LocalEngine(Engine):
         self.store = _start_store(self.sock, self.port, self.plan.num_processes)
         self.sock = None
 
+    def rank_processes(self) -> list[tuple[int, int, str | None]]:
+        if self.group is None:
+            return []
+        return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in self.group.workers]
+
     def stop(self) -> None:
         if self.group is not None:  # (None: stopped before any rank started)
             self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period

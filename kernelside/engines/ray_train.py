@@ -278,7 +278,6 @@ class RayEngine(Engine):
             return True
         done, _ = ray.wait([self.fit], timeout=wait_s)
         self._drain(recorder)
-        recorder.tick()
         if not done:
             return False
         self.ended = True

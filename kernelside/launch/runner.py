@@ -222,6 +222,7 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
         wait = POLL_S if deadline is None or stopping is not None else max(0.0, min(POLL_S, deadline - now))
         if engine.poll(recorder, wait):
             return
+        recorder.tick()  # once per turn: partial lines, widget redraws, GPU samples, the Runs view's state file
         interrupts.check()  # ■ is acted on here, between two turns of the loop (never where it landed)
 
 
@@ -239,11 +240,9 @@ def _interrupted_message(report: LaunchReport, engine) -> str:
 def _where_ranks_were(report: LaunchReport, engine) -> str:
     """Each unfinished rank's line and collective, from its stack (``rank_stacks``), asked before it is stopped;
     '' on engines whose ranks are not this kernel's children (Ray, torch's elastic launcher)."""
-    group = getattr(engine, "group", None)
-    if group is None:
-        return ""
     finished = {r.rank for r in report.ranks if r.state.is_final}
-    targets = [(w.rank, w.pid, None) for w in group.workers if w.status is None and w.rank not in finished]
+    targets = [(rank, pid, None) for rank, pid, ended in engine.rank_processes() if ended is None]
+    targets = [t for t in targets if t[0] not in finished]
     if not targets:
         return ""
     answer = rank_stacks.StackRequest.send(report.log_dir, targets).collect(label=rank_stacks.kernel_label)
