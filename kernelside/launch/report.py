@@ -12,7 +12,7 @@ import dataclasses
 import re
 
 from ..engines.contract import ExitStatus
-from ..run_contract import RankState
+from ..run_contract import RankState, RunState
 from ..short_traceback import first_line
 
 # Errors a rank raises *because a peer died* (its collective lost the connection). They are
@@ -88,7 +88,7 @@ class LaunchReport:
     started_at: float
     ranks: list[RankReport] = dataclasses.field(default_factory=list)
     failures: list[Failure] = dataclasses.field(default_factory=list)
-    outcome: str = "running"  # running | ok | failed | timeout | interrupted | stopped
+    state: RunState = RunState.RUNNING  # the recorder's alone: RUNNING until it decides the outcome
     startup_s: float | None = None  # call → every rank running user code
     wall_s: float | None = None
     ended_at: float | None = None
@@ -99,6 +99,12 @@ class LaunchReport:
     clock: str = "monotonic"  # the clock of Failure.t: "monotonic" on one machine, "wall" across machines
     session: str = ""  # a live session's run: "live session, cell 3" (shown in the status line)
     notes: list[str] = dataclasses.field(default_factory=list)  # what the engine did after a failure
+
+    @property
+    def outcome(self) -> str:
+        """The outcome in one word, as the notebook shows it: running | ok | failed | timeout | interrupted | stopped
+        (``state``, the run's ``RunState``, said as a user reads it)."""
+        return "ok" if self.state is RunState.DONE else self.state.value
 
     def metrics_frame(self):
         """The metrics history as a pandas DataFrame (pandas must be installed)."""

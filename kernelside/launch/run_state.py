@@ -31,14 +31,6 @@ from ..short_traceback import error_line, first_line
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
 
 WRITE_EVERY_S = 0.25
-# report.outcome -> the run's state; "running" becomes "starting" until every rank runs user code
-_FINAL_STATES = {
-    "ok": RunState.DONE,
-    "failed": RunState.FAILED,
-    "timeout": RunState.TIMEOUT,
-    "interrupted": RunState.INTERRUPTED,
-    "stopped": RunState.STOPPED,
-}
 
 
 def kernel_identity() -> dict:
@@ -88,16 +80,17 @@ def running_cell() -> dict:
     return {"cell": running_cell_count(shell), "flags": flags}
 
 
-def run_state_of(outcome: str, ranks: list) -> RunState:
-    """The run's ``RunState`` from a report's outcome: STARTING until every rank runs user code, then RUNNING.
+def run_state_of(state: RunState, ranks: list) -> RunState:
+    """The run's ``RunState`` as its state file says it: the recorder's, except that a run still RUNNING is
+    STARTING until every rank runs user code.
 
     Example::
 
-        >>> run_state_of("timeout", [])
-        <RunState.TIMEOUT: 'timeout'>
+        >>> run_state_of(RunState.TIMEOUT, []), run_state_of(RunState.RUNNING, [])
+        (<RunState.TIMEOUT: 'timeout'>, <RunState.STARTING: 'starting'>)
     """
-    if outcome in _FINAL_STATES:
-        return _FINAL_STATES[outcome]
+    if state is not RunState.RUNNING:
+        return state
     if ranks and all(r.ready_s is not None for r in ranks):
         return RunState.RUNNING
     return RunState.STARTING
@@ -145,7 +138,7 @@ class RunStateWriter:
         """Write the state if it changed or ``WRITE_EVERY_S`` passed (always when ``final``). True if written."""
         key = None
         if report is not None:
-            key = (report.outcome, len(report.failures), *((r.state, r.status is None) for r in report.ranks))
+            key = (report.state, len(report.failures), *((r.state, r.status is None) for r in report.ranks))
         if not self.due(key, force=final):
             return False
         return self.write(self.snapshot(report, final=final, error=error))
@@ -208,7 +201,7 @@ class RunStateWriter:
                     }
                 )
             state.update(
-                state=run_state_of(report.outcome, report.ranks),
+                state=run_state_of(report.state, report.ranks),
                 world_size=report.world_size,
                 backend=report.backend,
                 start_method=report.start_method,

@@ -28,6 +28,7 @@ from ..display.progress_view import make_run_display, render_mode
 from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError
+from ..run_contract import RunState
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
@@ -195,7 +196,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         interrupted = engine.interrupt_error(recorder) or (e if message is None else CellInterrupted(message))
     finally:
         # (after Ctrl-C the grace was given above; stopped from the panel: the recorder's shorter one was)
-        grace = 0.0 if interrupted or report.outcome == "stopped" else engine.stop_grace_s
+        grace = 0.0 if interrupted or report.state is RunState.STOPPED else engine.stop_grace_s
         engine.close(grace, recorder)
         recorder.close()
         if interrupted is not None:

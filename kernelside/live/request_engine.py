@@ -43,7 +43,7 @@ import time
 from ..engines.contract import Engine
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
-from ..run_contract import RankState
+from ..run_contract import RankState, RunState
 from ..short_traceback import first_line
 
 SETTLE_S = 2.0  # a rank not back this long after a stop is named in the cell as still awaited (never given up on)
@@ -180,7 +180,7 @@ class LiveRunEngine(Engine):
             self.loop.finish()
         if not self.req_id:
             return
-        if recorder.report.outcome != "interrupted" and not self.mismatch:
+        if recorder.report.state is not RunState.INTERRUPTED and not self.mismatch:
             where = self._where_lines()
             if where:
                 recorder.note("Where the other ranks were: " + "; ".join(where) + ".")
@@ -194,7 +194,7 @@ class LiveRunEngine(Engine):
         if not self.verdict.restarts or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
         message = f"nblaunch: {self.verdict.reason}; {RESTARTED}."
-        if recorder.report.outcome == "interrupted":
+        if recorder.report.state is RunState.INTERRUPTED:
             self.session.err.write(message + "\n")
             self.session.err.flush()
             recorder.report.notes.append(message)

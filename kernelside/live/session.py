@@ -36,6 +36,7 @@ from ..kernel_shell import call_in_kernel_thread, notebook_namespace
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, run_engine
+from ..run_contract import RunState
 from ..short_traceback import summary_line
 from . import registry
 from .names import NameSender
@@ -110,10 +111,10 @@ class LiveSession:
             # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
             session.start_display = engine.recorder.display if engine.recorder is not None else None
         except KeyboardInterrupt as e:
-            session._close("failed", e)
+            session._close(RunState.FAILED, e)
             raise CellInterrupted(interrupts.SESSION_NOT_STARTED) from None
         except BaseException as e:
-            session._close("failed", e)
+            session._close(RunState.FAILED, e)
             raise
         registry.set_current(session)
         return session
@@ -131,16 +132,16 @@ class LiveSession:
         """Stop every rank; nothing is left (processes, port, fds). Safe to call twice. ■ meanwhile ends the
         ranks' grace at once (SIGKILL); the stop itself always completes."""
         with interrupts.deferred(interrupts.SESSION_STOPPED, interrupts.SESSION_STOPPED), self.life:
-            self._close("done")
+            self._close(RunState.DONE)
 
     def stop_from_panel(self) -> None:
         """The launch panel's Stop (``run_entry``), holding the lock: every rank ends, the entry says "stopped".
         The session stays this kernel's until its next cell, which refuses once and says why."""
-        self._close("stopped", forget=False)
+        self._close(RunState.STOPPED, forget=False)
 
-    def _close(self, state: str, error: BaseException | None = None, *, forget: bool = True) -> None:
+    def _close(self, state: RunState, error: BaseException | None = None, *, forget: bool = True) -> None:
         if self.runs.stop_asked.is_set():
-            state = "stopped"
+            state = RunState.STOPPED
         if self.world.up:
             self.world.close(1.0)
         self.runs.close(state, error)  # the ranks (now dead) are still listed in the final state
@@ -149,7 +150,7 @@ class LiveSession:
             registry.set_current(None)
         display, self.start_display = self.start_display, None
         if display is not None:
-            how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
+            how = "from the launch panel" if state is RunState.STOPPED else "by an error" if error is not None else ""
             text = f"session stopped {how}".rstrip() + "; nothing is left running"
             call_in_kernel_thread(functools.partial(display.session_ended, text))
 
@@ -175,7 +176,7 @@ class LiveSession:
                 self._execute(self._start_engine(), LaunchRequest(fn=None), self.plan)
             self.world.ready()
         except BaseException as e:
-            self._close("done")
+            self._close(RunState.DONE)
             message = (
                 f"nblaunch: {what} did not come up ({summary_line(e)}). "
                 "The live session is stopped and nothing is left running; fix the cause, then %distributed_start."
@@ -218,7 +219,7 @@ class LiveSession:
 
     def _ensure_world(self) -> None:
         if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
-            self._close("stopped")
+            self._close(RunState.STOPPED)
             raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
         if not self.world.up:
             raise LaunchError(STOPPED)
@@ -255,7 +256,7 @@ class LiveSession:
             self._act(engine.verdict)
         finally:
             if self.runs.stop_asked.is_set() and self.world.up:  # Stop from the panel during this request
-                self._close("stopped")
+                self._close(RunState.STOPPED)
         if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
             self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
         return outcome
