@@ -13,9 +13,11 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 
-from ..errors import LaunchConfigError
+from .. import interrupts
+from ..errors import LaunchConfigError, LaunchError
 from .names import dumps
 
 
@@ -73,3 +75,22 @@ class LiveRequest:
 
     def label(self, req_id: int) -> str:
         return f"live session, cell {req_id}" if self.fn is not None else "live session, push"
+
+
+def one_request_at_a_time(method):
+    """Run a request holding the session's lock; a second thread gets a clear error instead of a wait.
+    (The panel's Stop between cells holds it for a moment: then the request waits, and finds the session gone.)"""
+
+    @functools.wraps(method)
+    @interrupts.deferring(interrupts.REQUEST_NOT_SENT)
+    def wrapper(self, *args, **kwargs):
+        if not self.life.acquire(blocking=False):
+            if not self.runs.stop_asked.is_set():
+                raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
+            self.life.acquire()
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            self.life.release()
+
+    return wrapper

@@ -33,8 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import os
 import pickle
 import signal
@@ -45,6 +43,7 @@ from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
 from ..run_contract import RankState, RunState
 from ..short_traceback import first_line
+from .world import KEPT_WORLD, Verdict, WorldFate
 
 SETTLE_S = 2.0  # a rank not back this long after a stop is named in the cell as still awaited (never given up on)
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
@@ -53,35 +52,6 @@ ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every 
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
 REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
 KEPT = "no rank was left waiting in a collective: every rank kept its state, and the process group needed no rebuild"
-
-
-class WorldFate(enum.Enum):
-    """What one request left of the world."""
-
-    KEPT = "kept"  # every rank kept its state, and the process group needed no rebuild
-    REBUILT = "rebuilt"  # the process group was rebuilt in the same processes: every rank kept its state
-    RESTART = "restart"  # the world cannot go on: new processes, same flags, state gone
-
-
-@dataclasses.dataclass(frozen=True)
-class Verdict:
-    """The request engine's judgement of the world after one request; the session acts on it.
-
-    Example::
-
-        >>> Verdict(WorldFate.RESTART, "rank 1 (pid 12) ended: killed by SIGKILL").restarts
-        True
-    """
-
-    fate: WorldFate
-    reason: str | None = None  # RESTART: why, as the error says it ("rank 1 (pid 12) ended: ...")
-
-    @property
-    def restarts(self) -> bool:
-        return self.fate is WorldFate.RESTART
-
-
-KEPT_WORLD = Verdict(WorldFate.KEPT)
 
 
 class LiveRunEngine(Engine):

@@ -27,7 +27,6 @@ import itertools
 import pickle
 import sys
 import threading
-import time
 
 from .. import interrupts
 from ..display.progress_view import render_mode
@@ -40,32 +39,13 @@ from ..run_contract import RunState
 from ..short_traceback import summary_line
 from . import registry
 from .names import NameSender
-from .request import LiveRequest
-from .request_engine import RESTARTED, LiveRunEngine, Verdict, WorldFate
+from .request import LiveRequest, one_request_at_a_time
+from .request_engine import RESTARTED, LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
-from .world import World, WorldState, world_plan
+from .world import Verdict, World, WorldFate, WorldState, world_plan
 
 current = registry.current  # this kernel's live session, or None
 STOPPED = "nblaunch: this live session was stopped; start a new one with %distributed_start."
-
-
-def _one_at_a_time(method):
-    """Run a request holding the session's lock; a second thread gets a clear error instead of a wait.
-    (The panel's Stop between cells holds it for a moment: then the request waits, and finds the session gone.)"""
-
-    @functools.wraps(method)
-    @interrupts.deferring(interrupts.REQUEST_NOT_SENT)
-    def wrapper(self, *args, **kwargs):
-        if not self.life.acquire(blocking=False):
-            if not self.runs.stop_asked.is_set():
-                raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
-            self.life.acquire()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self.life.release()
-
-    return wrapper
 
 
 class LiveSession:
@@ -80,7 +60,6 @@ class LiveSession:
         self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
         self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=notebook_namespace)
         self.names = NameSender()
-        self.started_at = time.monotonic()
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
         self.start_display = None  # the start cell's RunDisplay (widgets only), told when the session ends
@@ -119,7 +98,7 @@ class LiveSession:
         registry.set_current(session)
         return session
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def restart(self) -> None:
         """New processes with the same flags; every rank's state is gone. Returns once every new rank is ready;
         if they do not come up, the session is stopped and a LaunchError says why."""
@@ -190,15 +169,16 @@ class LiveSession:
             raise LaunchError(message) from e
 
     # -- requests --------------------------------------------------------------------------
-    @_one_at_a_time
+    @one_request_at_a_time
     def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
         values, assigned = self.names.for_cell(program, notebook_namespace())
-        request = LiveRequest(program, values=values, assigned=assigned, return_from=return_from, ranks=ranks)
-        return self._request(dataclasses.replace(request, output=output, progress=progress, timeout=timeout))
+        return self._request(
+            LiveRequest(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
+        )
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def run_function(self, fn, args=(), kwargs=None, *, return_from=(0,), ranks=None, timeout=None):
         """Call ``fn(*args, **kwargs)`` on the ranks (its globals: each rank's namespace); the LaunchOutcome."""
         if not callable(fn):
@@ -208,7 +188,7 @@ class LiveSession:
         request = LiveRequest(fn, tuple(args), dict(kwargs or {}), values, return_from=return_from, ranks=ranks)
         return self._request(dataclasses.replace(request, timeout=timeout))
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def push(self, names, source: dict | None = None) -> list[str]:
         """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
@@ -284,7 +264,7 @@ class LiveSession:
                 self.world.cells_run[r] += 1
         return outcome
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def post_mortem(self, rank: int, of: int) -> None:
         """``%debug`` after cell ``of`` failed: pdb in ``rank``'s frame of it, answered in the cell; ``q`` returns."""
         self._ensure_world()
@@ -304,11 +284,7 @@ class LiveSession:
         return self.world.restarts
 
     def describe(self) -> str:
-        flags = " ".join(f"{k}={v}" for k, v in self.arguments.items()) or "(defaults)"
-        return (
-            f"{self.plan.num_processes} ranks, {self.plan.backend}, {self.plan.start_method}; flags {flags}; "
-            f"up {time.monotonic() - self.started_at:.0f}s"
-        )
+        return self.world.describe(self.arguments)
 
     def status(self) -> list[dict]:
         """Per rank: pid, idle/busy, cells run, memory (RSS bytes)."""

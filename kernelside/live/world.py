@@ -23,8 +23,10 @@ Example::
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import os
+import time
 
 import cloudpickle
 
@@ -46,6 +48,35 @@ class WorldState(enum.Enum):
     BUSY = "busy"  # a request runs
     BROKEN = "broken"  # cannot go on (``broken_because`` says why): restarted before the next request
     CLOSED = "closed"  # every rank ended; for good
+
+
+class WorldFate(enum.Enum):
+    """What one request left of the world."""
+
+    KEPT = "kept"  # every rank kept its state, and the process group needed no rebuild
+    REBUILT = "rebuilt"  # the process group was rebuilt in the same processes: every rank kept its state
+    RESTART = "restart"  # the world cannot go on: new processes, same flags, state gone
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The request engine's judgement of the world after one request; the session acts on it.
+
+    Example::
+
+        >>> Verdict(WorldFate.RESTART, "rank 1 (pid 12) ended: killed by SIGKILL").restarts
+        True
+    """
+
+    fate: WorldFate
+    reason: str | None = None  # RESTART: why, as the error says it ("rank 1 (pid 12) ended: ...")
+
+    @property
+    def restarts(self) -> bool:
+        return self.fate is WorldFate.RESTART
+
+
+KEPT_WORLD = Verdict(WorldFate.KEPT)
 
 
 def world_plan(arguments: dict, config: str | None, err):
@@ -82,6 +113,7 @@ class World:
         self.restarts = 0
         self.generation = 0
         self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
+        self.made_at = time.monotonic()
 
     @property
     def group(self):
@@ -196,6 +228,13 @@ class World:
             starting=self.state is WorldState.STARTING,
             in_request=RankState.BUSY if self.state is WorldState.BUSY else None,
         )
+
+    def describe(self, arguments: dict) -> str:
+        """'2 ranks, gloo, fork; flags num_processes=2; up 31s': the world as the magics name it."""
+        flags = " ".join(f"{k}={v}" for k, v in arguments.items()) or "(defaults)"
+        plan = self.plan
+        up = time.monotonic() - self.made_at
+        return f"{plan.num_processes} ranks, {plan.backend}, {plan.start_method}; flags {flags}; up {up:.0f}s"
 
     def status(self) -> list[dict]:
         """Per rank: pid, idle/busy, cells run, memory (RSS bytes); empty once closed."""
