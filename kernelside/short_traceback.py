@@ -9,6 +9,22 @@ Example::
 
 from __future__ import annotations
 
+import os
+
+PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep  # kernelside/, where nblaunch's own frames are
+
+
+def is_nblaunch_file(filename: str) -> bool:
+    """True for a frame of nblaunch's own code (never "the user's line"): the one test every traceback cut,
+    stack summary and post-mortem makes.
+
+    Example::
+
+        >>> is_nblaunch_file(PACKAGE_DIR + "worker/lifecycle.py"), is_nblaunch_file("<%%distributed cell In[3]>")
+        (True, False)
+    """
+    return filename.startswith(PACKAGE_DIR)
+
 
 class ShortTraceback:
     """IPython shows ``_render_traceback_()`` instead of the stack: for these errors the stack

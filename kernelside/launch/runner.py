@@ -214,7 +214,7 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
     while True:
         now = time.monotonic()
         stopping = recorder.stopping_since
-        grace = recorder.grace_s or engine.stop_grace_s
+        grace = stop_grace_s(engine, recorder)
         if stopping is not None and grace is not None and now - stopping > grace:
             return  # the engine's close() kills what is left
         if deadline is not None and stopping is None and now >= deadline:
@@ -225,6 +225,13 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
             return
         recorder.tick()  # once per turn: partial lines, widget redraws, GPU samples, the Runs view's state file
         interrupts.check()  # ■ is acted on here, between two turns of the loop (never where it landed)
+
+
+def stop_grace_s(engine, recorder) -> float | None:
+    """How long stopping ranks get before ``close()`` kills what is left — one value: the engine's own
+    (``Engine.stop_grace_s``; None: as long as they live), unless the launch panel's Stop asked for less
+    (``recorder.grace_s``, ``RunRecorder.stop_requested``)."""
+    return recorder.grace_s or engine.stop_grace_s
 
 
 def _interrupted_message(report: LaunchReport, engine) -> str:
