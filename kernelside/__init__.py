@@ -18,11 +18,11 @@ ranks inherit starts after the loading cell.
 """
 
 import importlib
-import sys
 
+from .engines import warmup as _warmup
 from .errors import LaunchConfigError, LaunchError
+from .kernel_shell import running_shell
 from .launch import cuda_guard as _cuda_guard
-from .launch import warmup as _warmup
 
 # where CUDA is first initialized in this process is recorded from now on (when torch.cuda loads)
 _cuda_guard.install_when_torch_loads()
@@ -53,15 +53,13 @@ def __dir__() -> list[str]:
 
 
 def _in_jupyter_kernel() -> bool:
-    from .notebook.cell_label import running_shell
-
     return getattr(running_shell(), "kernel", None) is not None
 
 
 def _warm_up_after_this_cell(*_args) -> None:
     """Start the background import once the cell that loaded kernelside has finished (so that neither this
     import nor %load_ext competes with it), while the user works on the next cells."""
-    sys.modules["IPython"].get_ipython().events.unregister("post_run_cell", _warm_up_after_this_cell)
+    running_shell().events.unregister("post_run_cell", _warm_up_after_this_cell)
     _warmup.start()  # what forked ranks inherit
     from .engines import forkserver
 
@@ -69,7 +67,7 @@ def _warm_up_after_this_cell(*_args) -> None:
 
 
 if _in_jupyter_kernel():
-    sys.modules["IPython"].get_ipython().events.register("post_run_cell", _warm_up_after_this_cell)
+    running_shell().events.register("post_run_cell", _warm_up_after_this_cell)
 
 __all__ = [
     "notebook_launcher",

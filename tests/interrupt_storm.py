@@ -53,7 +53,7 @@ for _h in [*_l.getLogger().handlers, *[h for lg in list(_l.Logger.manager.logger
                                       for h in getattr(lg, "handlers", ())]]:
     if _h.lock is not None and not _free(_h.lock):
         _held.append(f"the lock of logging handler {_h!r}")
-_w = _s.modules.get("kernelside.launch.warmup")
+_w = _s.modules.get("kernelside.engines.warmup")
 if _w is not None and _w.WARMUP.thread is not None:
     _w.WARMUP.thread.join(60)  # the warm-up's imports go on, whole, after a ■: they hold import locks meanwhile
 import time as _time

@@ -82,6 +82,58 @@ def test_the_cycle_finder_reports_a_cycle_it_is_given():
     assert find_cycle({"a": {"b"}, "b": set()}) is None
 
 
+# the floors of the house, top down: a module imports only from its own folder or from floors below it.
+# worker and display share a floor and never import each other; kernelside's top-level modules are the
+# contracts at the bottom (and kernelside/__init__.py, the public names, stands above everything).
+FLOORS = (("notebook",), ("live",), ("launch",), ("engines",), ("config",), ("worker", "display"), ("<contracts>",))
+
+
+def floor_of(module: str) -> tuple[int, str]:
+    """(floor number counted from the top, folder) of a kernelside module.
+
+    >>> floor_of("kernelside.live.session"), floor_of("kernelside.channel")
+    ((1, 'live'), (6, '<contracts>'))
+    """
+    parts = module.split(".")
+    in_a_folder = len(parts) > 2 or os.path.isdir(os.path.join(PACKAGE, *parts[1:2]))  # a module or a package
+    folder = parts[1] if in_a_folder else "<contracts>"
+    return next(i for i, names in enumerate(FLOORS) if folder in names), folder
+
+
+def imports_running_up(graph: dict[str, set[str]]) -> list[str]:
+    """Every import from a lower floor to a higher one, or to a sibling folder on the same floor."""
+    out = []
+    for name, targets in sorted(graph.items()):
+        if name == "kernelside":
+            continue
+        (floor, folder) = floor_of(name)
+        for target in sorted(targets):
+            (to_floor, to_folder) = floor_of(target)
+            if to_floor < floor or (to_floor == floor and to_folder != folder and folder != "<contracts>"):
+                out.append(f"{name} ({folder}) imports {target} ({to_folder})")
+    return out
+
+
+def test_every_import_runs_down_the_house_lazy_imports_included():
+    known = modules()
+    graph = {name: imports_of(name, path, known) for name, path in known.items()}
+    folders = {floor_of(n)[1] for n in known if n != "kernelside"}
+    assert folders == {f for names in FLOORS for f in names}  # a new folder must be given its floor
+    assert imports_running_up(graph) == []
+
+
+def test_the_floor_check_reports_an_import_that_runs_up():
+    graph = {
+        "kernelside.engines.local": {"kernelside.launch.report", "kernelside.channel"},
+        "kernelside.display.output": {"kernelside.worker.context"},
+        "kernelside.launch.runner": {"kernelside.engines.contract"},
+    }
+    assert imports_running_up(graph) == [
+        "kernelside.display.output (display) imports kernelside.worker.context (worker)",
+        "kernelside.engines.local (engines) imports kernelside.launch.report (launch)",
+    ]
+
+
 def test_worker_code_never_imports_the_kernel_side_engine_or_display():
     known = modules()
     for name, path in known.items():

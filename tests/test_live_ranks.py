@@ -64,6 +64,23 @@ def test_a_flag_that_contradicts_the_session_is_an_error_and_nothing_runs(kernel
     assert kernel.run("%%distributed\nmarker").ok().result["text/plain"] == "'before'"
 
 
+def test_metrics_off_on_a_live_cell_is_refused_saying_how_to_change_it_and_nothing_runs(kernel):
+    kernel.run("%%distributed\nmarker = 'before'").ok()
+    text = _error_text(kernel.run("%%distributed --metrics off\nmarker = 'after'"))
+    assert "--metrics off contradicts the live session (metrics is 'on' there" in text
+    assert "metrics: off in nblaunch.yaml" in text and "--output, --progress, --timeout" in text
+    assert kernel.run("%%distributed --metrics on\nmarker").ok().result["text/plain"] == "'before'"
+
+
+def test_a_broken_world_is_restarted_before_the_next_cell_which_says_why(kernel):
+    kernel.run("%%distributed\nkept = rank").ok()
+    pids = _pids(kernel)
+    kernel.run("from kernelside.live.session import current\ncurrent().world.mark_broken('a request was cut')").ok()
+    cell = kernel.run("%%distributed\n'kept' in dir()").ok()
+    assert "nblaunch: a request was cut; the live session was restarted: its state is gone" in cell.stderr
+    assert cell.result["text/plain"] == "False" and set(_pids(kernel)).isdisjoint(pids)
+
+
 def test_the_status_line_and_last_report_say_live_session_cell_n(kernel):
     kernel.run("%%distributed\ny = 1").ok()
     cell = kernel.run("r = %distributed_last\nprint(r.session, r.outcome)").ok()

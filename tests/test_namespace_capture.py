@@ -1,4 +1,4 @@
-"""Which notebook names a cell needs and how they are packed (kernelside/notebook/namespace.py), and the
+"""Which notebook names a cell needs and how they are packed (kernelside/launch/payload.py), and the
 live transport's cache (kernelside/live/names.py): no kernel, no ranks needed to decide either."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from kernelside.errors import LaunchConfigError
+from kernelside.launch.payload import NOT_CAPTURED, Payload, cell_free_names, cell_needs, function_needs
 from kernelside.live import names as live_names
 from kernelside.live.names import NameSender
 from kernelside.notebook.cell import prepare_cell
-from kernelside.notebook.namespace import NOT_CAPTURED, Payload, cell_free_names, cell_needs, function_needs
 
 
 def _notebook(source: str) -> dict:

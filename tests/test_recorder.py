@@ -13,10 +13,11 @@ import time
 import pytest
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from kernelside.engines.contract import ExitStatus
 from kernelside.engines.table import engine_class
 from kernelside.errors import LaunchTimeoutError, WorkerError
 from kernelside.launch.recorder import RunRecorder
-from kernelside.launch.report import ExitStatus, LaunchReport
+from kernelside.launch.report import LaunchReport
 from kernelside.worker.lifecycle import error_payload
 
 

@@ -14,8 +14,9 @@ import re
 import pytest
 
 from jupyter_ext.runs import RunFolders
+from kernelside.engines.contract import ExitStatus
 from kernelside.launch.recorder import RunRecorder
-from kernelside.launch.report import ExitStatus, LaunchReport
+from kernelside.launch.report import LaunchReport
 from kernelside.run_contract import (
     FINAL_RANK_STATES,
     LIVE_RUN_STATES,

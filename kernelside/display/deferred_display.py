@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 
+from ..run_contract import RunState
 from .progress_view import make_run_display, render_mode
 
 SHOW_AFTER_S = 1.0
@@ -47,7 +48,7 @@ class DeferredRunDisplay:
     def tick(self, force: bool = False) -> None:
         # only a cell still at work earns its status line: once the outcome is decided (a rank failed, a stop),
         # the cell's error says the rest, however long the ranks take to come back to idle
-        running = self.report.outcome == "running"
+        running = self.report.state is RunState.RUNNING
         if self.real is None and self.wanted and running and time.monotonic() - self.t0 >= SHOW_AFTER_S:
             self._draw()
         if self.real is not None:

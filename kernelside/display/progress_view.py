@@ -16,8 +16,9 @@ import time
 
 from tqdm import std as tqdm_std
 
-from ..notebook.cell_label import running_shell
-from ..run_contract import RankState
+from ..kernel_shell import running_shell
+from ..run_contract import RankState, RunState
+from ..short_traceback import first_line
 from .metrics_chart import MetricsChart
 from .run_links import log_links_html, run_link_html, run_name
 
@@ -62,7 +63,8 @@ def fmt_elapsed(s: float) -> str:
 
 
 # What the status line says of a run that ended without its value: one word; the error box below says the rest.
-ENDED = {"failed": "failed", "timeout": "timed out", "interrupted": "interrupted (■)", "stopped": "stopped"}
+# how the status line says a run ended, by its state (any other: the outcome's own word)
+ENDED = {RunState.TIMEOUT: "timed out", RunState.INTERRUPTED: "interrupted (■)"}
 
 
 def bar_text(state: dict) -> str:
@@ -165,10 +167,9 @@ class RunDisplay:
                 entry["widget"].children[0].bar_style = "danger"
         self.elapsed = time.monotonic() - self.t0
         if error is not None:
-            self.ended = ENDED.get(self.report.outcome, self.report.outcome)
-            if self.report.outcome == "failed":  # which rank and why, in one line (the error box has the rest)
-                first = str(error).splitlines()[0] if str(error) else type(error).__name__
-                self.detail = first.removeprefix("nblaunch: ")
+            self.ended = ENDED.get(self.report.state, self.report.outcome)
+            if self.report.state is RunState.FAILED:  # which rank and why, in one line (the error box has the rest)
+                self.detail = first_line(error).removeprefix("nblaunch: ") or type(error).__name__
         self._draw_status()
 
     def session_ended(self, text: str) -> None:
@@ -221,7 +222,7 @@ class RunDisplay:
         elapsed = fmt_elapsed(self.elapsed if self.elapsed is not None else time.monotonic() - self.t0)
         link, logs = run_link_html(rep.log_dir, run_name(rep)), log_links_html(rep.log_dir, rep.world_size)
         ranks = f"{rep.world_size} ranks ({rep.backend}, {rep.start_method})"
-        if self.ended is not None and rep.outcome not in ("ok", "running"):
+        if self.ended is not None and rep.state not in (RunState.DONE, RunState.RUNNING):
             detail = f" · {html.escape(self.detail)}" if self.detail else ""
             self.status.value = (
                 f'<span style="color: var(--jp-error-color1, #c00)"><b>nblaunch: {html.escape(self.ended)}</b></span> '

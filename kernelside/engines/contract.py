@@ -11,10 +11,12 @@ The life of one run, driven by ``run_engine``::
     port = engine.prepare()            # imports, rendezvous port; nothing started yet
     engine.start(recorder)             # ranks started, recorder.add_ranks(...)
     while not engine.poll(recorder, wait_s):   # observations → recorder, for at most wait_s
-        ...                            # run_engine: deadline → recorder.timeout(); grace over → leave
+        recorder.tick()                # run_engine: housekeeping once per turn; deadline → recorder.timeout();
+        ...                            # grace over → leave
     engine.close(grace, recorder)      # SIGTERM → SIGKILL after grace, reap, free (safe twice)
 
 and ``stop()``, which the recorder calls once at the first failure (or the timeout, Stop, Ctrl-C).
+How a rank ended, as every engine reports it (``recorder.exited(rank, ExitStatus(...))``), is defined here too.
 
 Example::
 
@@ -25,6 +27,39 @@ Example::
 from __future__ import annotations
 
 import abc
+import dataclasses
+import signal
+
+
+@dataclasses.dataclass
+class ExitStatus:
+    """How a worker ended: ``exitcode`` for a normal exit, ``signal`` for death by signal."""
+
+    exitcode: int | None
+    signal: int | None
+
+    @property
+    def ok(self) -> bool:
+        return self.exitcode == 0
+
+    def describe(self) -> str:
+        if self.signal is not None:
+            name = signal_name(self.signal)
+            hint = {
+                signal.SIGKILL: " — out of memory?",
+                signal.SIGSEGV: " (segmentation fault)",
+                signal.SIGBUS: " (bus error)",
+                signal.SIGABRT: " (aborted)",
+            }.get(self.signal, "")
+            return f"killed by {name}{hint}"
+        return f"exit code {self.exitcode}"
+
+
+def signal_name(signum: int) -> str:
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 def launch_settings(plan, render: str, return_all: bool) -> dict:
@@ -88,6 +123,11 @@ class Engine(abc.ABC):
     def close(self, grace: float, recorder) -> None:
         """Whatever is left is stopped (killed after ``grace`` seconds), reaped and freed; the last
         observations go to the recorder (None: nobody listens any more). Safe to call twice."""
+
+    def rank_processes(self) -> list[tuple[int, int, str | None]]:
+        """Where the ranks are, for asking their stacks: this kernel's own rank processes as (rank, pid, how it
+        ended or None). Empty for ranks that are not this kernel's children (Ray, torch's elastic launcher)."""
+        return []
 
     def on_interrupt(self, again: bool) -> None:
         """■ was acted on (``again``: while the ranks were already being stopped, so the user wants no more

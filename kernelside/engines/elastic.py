@@ -37,11 +37,10 @@ import threading
 import cloudpickle
 
 from ..errors import LaunchError
-from ..launch import warmup
-from ..launch.report import ExitStatus
 from ..worker.lifecycle import RankSpec, run_rank
 from ..worker.std_streams import flush_all, forget_kernel_shell, fresh_std_streams
-from .contract import Engine, launch_settings
+from . import warmup
+from .contract import Engine, ExitStatus, launch_settings
 from .elastic_events import KernelEvents, RankEvents
 
 STOP_GRACE_S = 2.0  # after SIGTERM to its workers, torch's agent notices within monitor_interval and returns
@@ -224,7 +223,7 @@ class ElasticEngine(Engine):
             "run": self.run_id,
         }
         # fork: the workers inherit the function (a cell's whole namespace, say); spawn: the payload launch()
-        # pickled once (notebook.namespace.Payload), as for the local engine
+        # pickled once (launch.payload.Payload), as for the local engine
         work = (req.fn, req.args, req.kwargs)
         blob = self.spawn_blob if plan.start_method == "spawn" else work
         launch = elastic_launch(self._config(), _elastic_entry)
@@ -261,7 +260,6 @@ class ElasticEngine(Engine):
         self.thread.join(wait_s)
         if self.stopping:
             self._signal_workers(signal.SIGTERM)  # a worker that started after stop() was asked
-        recorder.tick()
         if self.thread.is_alive():
             return False
         self.events.drain(recorder)

@@ -27,8 +27,8 @@ import sys
 import time
 
 from .. import interrupts
-from ..launch.report import ExitStatus
 from ..worker.forkserver_template import TEMPLATE_COMMAND, TEMPLATE_MARK, receive, send
+from .contract import ExitStatus
 
 READY_TIMEOUT_S = 180.0  # importing torch in the template; a loaded machine takes its time
 EXIT_REPORT_TIMEOUT_S = 5.0  # the template reports an ended rank within milliseconds

@@ -17,11 +17,10 @@ import os
 import signal
 import socket
 
-from ..launch import warmup
-from ..worker.entry import Payload
+from ..worker.entry import RankStart
 from ..worker.lifecycle import RankSpec
 from ..worker.stack_signal import stacks_path
-from . import forkserver
+from . import forkserver, warmup
 from .contract import Engine, launch_settings
 from .local_group import WorkerGroup
 from .local_loop import EventLoop
@@ -130,7 +129,7 @@ class LocalEngine(Engine):
         """Start the processes and the rendezvous store (a live session restarts its world with this)."""
         live = self.live_namespace is not None
         work = self.live_namespace if live else (self.req.fn, self.req.args, self.req.kwargs)
-        payloads = [Payload(work=work, spec=s, parent_pid=os.getpid()) for s in self.specs()]
+        payloads = [RankStart(work=work, spec=s, parent_pid=os.getpid()) for s in self.specs()]
         self.group = WorkerGroup.start(
             payloads,
             self.start_method,
@@ -141,6 +140,11 @@ class LocalEngine(Engine):
         )
         self.store = _start_store(self.sock, self.port, self.plan.num_processes)
         self.sock = None
+
+    def rank_processes(self) -> list[tuple[int, int, str | None]]:
+        if self.group is None:
+            return []
+        return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in self.group.workers]
 
     def stop(self) -> None:
         if self.group is not None:  # (None: stopped before any rank started)

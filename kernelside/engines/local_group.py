@@ -24,8 +24,8 @@ import sys
 import time
 
 from .. import interrupts
-from ..launch.report import ExitStatus
-from ..worker.entry import SPAWN_COMMAND, Payload, enter_forked, spawn_env
+from ..worker.entry import SPAWN_COMMAND, RankStart, enter_forked, spawn_env
+from .contract import ExitStatus
 
 
 @dataclasses.dataclass
@@ -109,7 +109,7 @@ class WorkerGroup:
     @classmethod
     def start(
         cls,
-        payloads: list[Payload],
+        payloads: list[RankStart],
         method: str,
         *,
         spawn_blob: bytes | None = None,
@@ -279,7 +279,7 @@ def _write_all(fd: int, data: bytes) -> None:
         view = view[os.write(fd, view) :]
 
 
-def _fork(payload: Payload, rp: RankPipes) -> int:
+def _fork(payload: RankStart, rp: RankPipes) -> int:
     pid = os.fork()
     if pid == 0:  # child
         enter_forked(payload, rp.stdout_w, rp.stderr_w)  # never returns
@@ -287,7 +287,7 @@ def _fork(payload: Payload, rp: RankPipes) -> int:
     return pid
 
 
-def launch_time_request(payload: Payload) -> dict:
+def launch_time_request(payload: RankStart) -> dict:
     """What a rank forked by the forkserver template takes from the kernel as it is now (not as it was
     when the template started): working directory, environment (with the rank's contract) and sys.path."""
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -295,7 +295,7 @@ def launch_time_request(payload: Payload) -> dict:
     return {"spec": payload.spec, "env": {**os.environ, **payload.spec.env}, "sys_path": path, "cwd": os.getcwd()}
 
 
-def _spawn(payload: Payload, rp: RankPipes, memfd: int) -> subprocess.Popen:
+def _spawn(payload: RankStart, rp: RankPipes, memfd: int) -> subprocess.Popen:
     env = dict(os.environ)
     env.update(payload.spec.env)
     env.update(spawn_env(payload, memfd))

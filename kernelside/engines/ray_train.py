@@ -32,10 +32,9 @@ import threading
 import time
 
 from ..errors import LaunchConfigError
-from ..launch.report import ExitStatus
 from ..worker.context import set_current
 from ..worker.lifecycle import RankSpec, run_rank
-from .contract import Engine, launch_settings
+from .contract import Engine, ExitStatus, launch_settings
 
 FLUSH_S = 0.05
 CANCEL_WAIT_S = 15.0
@@ -279,7 +278,6 @@ class RayEngine(Engine):
             return True
         done, _ = ray.wait([self.fit], timeout=wait_s)
         self._drain(recorder)
-        recorder.tick()
         if not done:
             return False
         self.ended = True

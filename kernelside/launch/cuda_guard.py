@@ -27,6 +27,8 @@ import re
 import sys
 import traceback
 
+from ..kernel_shell import running_shell
+
 
 class _FirstInit:
     """Where CUDA was first initialized in this process, and the ``torch.cuda`` module whose init is wrapped."""
@@ -66,9 +68,7 @@ def describe_location(filename: str, lineno: int | None, line: str | None = None
 
 
 def _cell_execution_count(filename: str) -> int | None:
-    ip = sys.modules.get("IPython")
-    shell = ip.get_ipython() if ip is not None and hasattr(ip, "get_ipython") else None
-    compiler = getattr(shell, "compile", None)
+    compiler = getattr(running_shell(), "compile", None)
     cache = getattr(compiler, "_filename_map", None)
     if isinstance(cache, dict):
         return cache.get(filename)

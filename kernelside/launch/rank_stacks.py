@@ -26,6 +26,7 @@ import os
 import re
 import time
 
+from ..short_traceback import is_nblaunch_file
 from ..worker.stack_signal import HEADER, STACKS_SIGNAL, stacks_path
 
 ANSWER_TIMEOUT_S = 0.5
@@ -34,7 +35,6 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _C10D = os.sep + os.path.join("torch", "distributed", "distributed_c10d.py")
 _CELL = "<%%distributed cell "
-_NBLAUNCH = os.sep + "kernelside" + os.sep
 _LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
 
 
@@ -186,7 +186,7 @@ def _frame(filename: str, lineno: int | None, function: str, label) -> dict:
         where = _cell_place(filename, lineno) or f"{filename}:{lineno}"
     where += f" in {function}"
     library = any(part in filename for part in ("site-packages", "dist-packages", "/lib/python", "<frozen"))
-    nblaunch = _NBLAUNCH in filename
+    nblaunch = is_nblaunch_file(filename)
     return {
         "file": filename,
         "line": lineno,
@@ -203,7 +203,7 @@ def _from_user_code(frames: list[dict]) -> list[dict]:
     if not starts or starts[-1] + 1 >= len(frames):
         return frames
     rest = frames[starts[-1] + 1 :]
-    while len(rest) > 1 and _NBLAUNCH in rest[0]["file"]:  # the cell's runner (notebook/cell.py)
+    while len(rest) > 1 and is_nblaunch_file(rest[0]["file"]):  # the cell's runner (notebook/cell.py)
         rest = rest[1:]
     return rest
 

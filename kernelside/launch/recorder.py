@@ -30,14 +30,15 @@ import time
 
 import cloudpickle
 
+from ..engines.contract import ExitStatus
 from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
-from ..run_contract import RankState
-from .report import ExitStatus, Failure, LaunchReport, RankReport, format_failure_message
+from ..run_contract import RankState, RunState
+from .report import Failure, LaunchReport, RankReport, format_failure_message
 from .run_control import STOPPED_MESSAGE
 
 CLOCKS = {"monotonic": time.monotonic, "wall": time.time}
-STOP_GRACE_S = 1.0  # Stop from the launch panel: SIGKILL sooner than after a failure, so it ends within 2 s
-ERRORS = {"timeout": LaunchTimeoutError, "stopped": LaunchStoppedError}  # by outcome; else WorkerError
+PANEL_STOP_GRACE_S = 1.0  # Stop from the launch panel: SIGKILL sooner than after a failure, so it ends within 2 s
+ERRORS = {RunState.TIMEOUT: LaunchTimeoutError, RunState.STOPPED: LaunchStoppedError}  # by state; else WorkerError
 
 
 class RunRecorder:
@@ -188,7 +189,7 @@ class RunRecorder:
                 t=self.now(),
                 message=f"the run exceeded timeout={seconds:g}s",
             ),
-            outcome="timeout",
+            state=RunState.TIMEOUT,
         )
 
     def engine_failed(self, message: str) -> None:
@@ -196,7 +197,7 @@ class RunRecorder:
         if not self.report.failures:
             self._fail(Failure(rank=None, kind="exit", t=self.now(), message=message))
 
-    def stop_requested(self, message: str = STOPPED_MESSAGE, grace_s: float | None = STOP_GRACE_S) -> bool:
+    def stop_requested(self, message: str = STOPPED_MESSAGE, grace_s: float | None = PANEL_STOP_GRACE_S) -> bool:
         """The launch panel's Stop (over the run's control channel); True if the run is stopping now.
 
         Stopping goes the failure path, with a shorter grace before SIGKILL so the run ends within 2 s
@@ -206,7 +207,7 @@ class RunRecorder:
             return False
         self.grace_s = grace_s
         self._note_where()
-        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=message), outcome="stopped")
+        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=message), state=RunState.STOPPED)
         return True
 
     def _note_where(self) -> None:
@@ -216,11 +217,11 @@ class RunRecorder:
             self.note(f"where the unfinished ranks were:\n{where}")
 
     def interrupted(self) -> None:
-        self.report.outcome = "interrupted"
+        self.report.state = RunState.INTERRUPTED
 
     def stop_for_interrupt(self) -> None:
         """Ctrl-C where the engine must still bring the ranks back (a live session): stop them all now."""
-        self.report.outcome = "interrupted"
+        self.report.state = RunState.INTERRUPTED
         if not self.stopping:
             self._begin_stop()
 
@@ -265,11 +266,11 @@ class RunRecorder:
             self.display.finish(error)
         if error is not None:
             raise error
-        self.report.outcome = "ok"
+        self.report.state = RunState.DONE
         return values[0], (values if return_all else None)
 
     def finish_interrupted(self, exc: BaseException) -> None:
-        self.report.outcome = "interrupted"
+        self.report.state = RunState.INTERRUPTED
         if self.display is not None:
             self.display.finish(exc)
 
@@ -293,13 +294,13 @@ class RunRecorder:
             return
         rr.state = state
 
-    def _fail(self, failure: Failure, outcome: str = "failed") -> None:
+    def _fail(self, failure: Failure, state: RunState = RunState.FAILED) -> None:
         self.report.failures.append(failure)
         rr = self._rank(failure.rank) if failure.rank is not None else None
         if rr is not None and self.request is None:  # a live rank that failed a request goes back to idle
             self._move(rr, RankState.FAILED)
         if not self.stopping:
-            self.report.outcome = outcome
+            self.report.state = state
             self._begin_stop()
 
     def _begin_stop(self) -> None:
@@ -317,7 +318,7 @@ class RunRecorder:
             message += "\n" + self.peer_hint
         if self.notes:
             message += "\n" + "\n".join(self.notes)
-        cls = ERRORS.get(rep.outcome, WorkerError)
+        cls = ERRORS.get(rep.state, WorkerError)
         return cls(message, rank=root.rank, failures=rep.failures, report=rep)
 
     def _blame_departures(self) -> None:
@@ -350,7 +351,7 @@ class RunRecorder:
             try:
                 values.append(cloudpickle.loads(body) if body is not None else None)
             except Exception as e:
-                self.report.outcome = "failed"
+                self.report.state = RunState.FAILED
                 raise WorkerError(
                     f"nblaunch: rank {rank}'s return value arrived but cannot be rebuilt in the kernel: "
                     f"{type(e).__name__}: {e}. Return plain data (numbers, lists, dicts, tensors, state_dict()), or "

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 import re
-import signal
 
-from ..run_contract import RankState
+from ..engines.contract import ExitStatus
+from ..run_contract import RankState, RunState
+from ..short_traceback import first_line
 
 # Errors a rank raises *because a peer died* (its collective lost the connection). They are
 # never the root cause while a rank with another failure exists.
@@ -21,37 +22,6 @@ _PEER_LOSS = re.compile(
     r"DistNetworkError|recvBytes|sendBytes|socket closed|Socket Timeout|ECONNRESET|EPIPE",
     re.IGNORECASE,
 )
-
-
-@dataclasses.dataclass
-class ExitStatus:
-    """How a worker ended: ``exitcode`` for a normal exit, ``signal`` for death by signal."""
-
-    exitcode: int | None
-    signal: int | None
-
-    @property
-    def ok(self) -> bool:
-        return self.exitcode == 0
-
-    def describe(self) -> str:
-        if self.signal is not None:
-            name = signal_name(self.signal)
-            hint = {
-                signal.SIGKILL: " — out of memory?",
-                signal.SIGSEGV: " (segmentation fault)",
-                signal.SIGBUS: " (bus error)",
-                signal.SIGABRT: " (aborted)",
-            }.get(self.signal, "")
-            return f"killed by {name}{hint}"
-        return f"exit code {self.exitcode}"
-
-
-def signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
 
 
 @dataclasses.dataclass
@@ -118,7 +88,7 @@ class LaunchReport:
     started_at: float
     ranks: list[RankReport] = dataclasses.field(default_factory=list)
     failures: list[Failure] = dataclasses.field(default_factory=list)
-    outcome: str = "running"  # running | ok | failed | timeout | interrupted | stopped
+    state: RunState = RunState.RUNNING  # the recorder's alone: RUNNING until it decides the outcome
     startup_s: float | None = None  # call → every rank running user code
     wall_s: float | None = None
     ended_at: float | None = None
@@ -129,6 +99,12 @@ class LaunchReport:
     clock: str = "monotonic"  # the clock of Failure.t: "monotonic" on one machine, "wall" across machines
     session: str = ""  # a live session's run: "live session, cell 3" (shown in the status line)
     notes: list[str] = dataclasses.field(default_factory=list)  # what the engine did after a failure
+
+    @property
+    def outcome(self) -> str:
+        """The outcome in one word, as the notebook shows it: running | ok | failed | timeout | interrupted | stopped
+        (``state``, the run's ``RunState``, said as a user reads it)."""
+        return "ok" if self.state is RunState.DONE else self.state.value
 
     def metrics_frame(self):
         """The metrics history as a pandas DataFrame (pandas must be installed)."""
@@ -257,9 +233,7 @@ def _departure_parts(report: LaunchReport, root: Failure) -> tuple[list[str], li
     if losses:
         first = min(losses, key=lambda f: f.t)
         quoted.append(first)
-        parts.append(
-            f"rank {first.rank} was still waiting for it and then failed: {first.message.splitlines()[0][:300]}"
-        )
+        parts.append(f"rank {first.rank} was still waiting for it and then failed: {first_line(first.message)}")
         if first.traceback:
             head = f"\n--- rank {first.rank} traceback (the collective it was in) ---\n"
             parts.append(head + first.traceback.rstrip())

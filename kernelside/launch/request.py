@@ -27,7 +27,7 @@ class LaunchRequest:
     stdout: object = None
     stderr: object = None
     return_rank: int | None = None  # the rank whose value the caller wants (--return-from): must exist in the plan
-    namespace: dict | None = None  # the notebook names a cell program reads (``notebook.namespace.Payload``)
+    namespace: dict | None = None  # the notebook names a cell program reads (``launch.payload.Payload``)
     line_prefix: str | None = None  # torchrun-style template: "${rank}", "${local_rank}", "${role_name}"
     restart_count: int = 0
     elastic: dict = dataclasses.field(default_factory=dict)  # rdzv_conf, rdzv_id, max_restarts... (multi-machine)

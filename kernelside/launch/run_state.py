@@ -23,21 +23,14 @@ import os
 import sys
 import time
 
-from ..notebook.cell_label import running_cell_count, running_shell
+from ..kernel_shell import running_cell_count, running_shell
 from ..private_dir import open_in, replace_in
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
+from ..short_traceback import error_line, first_line
 
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
 
 WRITE_EVERY_S = 0.25
-# report.outcome -> the run's state; "running" becomes "starting" until every rank runs user code
-_FINAL_STATES = {
-    "ok": RunState.DONE,
-    "failed": RunState.FAILED,
-    "timeout": RunState.TIMEOUT,
-    "interrupted": RunState.INTERRUPTED,
-    "stopped": RunState.STOPPED,
-}
 
 
 def kernel_identity() -> dict:
@@ -71,7 +64,7 @@ def running_cell() -> dict:
     """The notebook cell that started this launch: ``{"cell": its execution count, "flags": its magic line}``.
 
     The Runs dashboard shows both and scrolls to the cell by its count (the one a rank's traceback
-    names, ``notebook/cell_label.py``). Outside a kernel (a script) both are None.
+    names, ``kernel_shell.py``). Outside a kernel (a script) both are None.
 
     Example::
 
@@ -87,16 +80,17 @@ def running_cell() -> dict:
     return {"cell": running_cell_count(shell), "flags": flags}
 
 
-def run_state_of(outcome: str, ranks: list) -> RunState:
-    """The run's ``RunState`` from a report's outcome: STARTING until every rank runs user code, then RUNNING.
+def run_state_of(state: RunState, ranks: list) -> RunState:
+    """The run's ``RunState`` as its state file says it: the recorder's, except that a run still RUNNING is
+    STARTING until every rank runs user code.
 
     Example::
 
-        >>> run_state_of("timeout", [])
-        <RunState.TIMEOUT: 'timeout'>
+        >>> run_state_of(RunState.TIMEOUT, []), run_state_of(RunState.RUNNING, [])
+        (<RunState.TIMEOUT: 'timeout'>, <RunState.STARTING: 'starting'>)
     """
-    if outcome in _FINAL_STATES:
-        return _FINAL_STATES[outcome]
+    if state is not RunState.RUNNING:
+        return state
     if ranks and all(r.ready_s is not None for r in ranks):
         return RunState.RUNNING
     return RunState.STARTING
@@ -114,7 +108,7 @@ def root_cause_line(report) -> str | None:
     root = report.root_cause()
     if root is None:
         return None
-    first = (root.message.splitlines() or [""])[0][:300]
+    first = first_line(root.message)
     return first if root.rank is None else f"rank {root.rank} failed: {first}"
 
 
@@ -142,14 +136,34 @@ class RunStateWriter:
 
     def update(self, report, *, final: bool = False, error: BaseException | None = None) -> bool:
         """Write the state if it changed or ``WRITE_EVERY_S`` passed (always when ``final``). True if written."""
-        now = time.monotonic()
         key = None
         if report is not None:
-            key = (report.outcome, len(report.failures), *((r.state, r.status is None) for r in report.ranks))
-        if not final and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
+            key = (report.state, len(report.failures), *((r.state, r.status is None) for r in report.ranks))
+        if not self.due(key, force=final):
+            return False
+        return self.write(self.snapshot(report, final=final, error=error))
+
+    def due(self, key, *, force: bool = False) -> bool:
+        """True when a state whose summary is ``key`` should be written now: it changed, ``WRITE_EVERY_S``
+        passed, or ``force``; the write is then counted as done (a live session's entry asks this too)."""
+        now = time.monotonic()
+        if not force and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
             return False
         self.last_key, self.last_write = key, now
-        return self.write(self.snapshot(report, final=final, error=error))
+        return True
+
+    def header(self) -> dict:
+        """What every snapshot of this run starts with: identity, start, the time of this write, elapsed time."""
+        now = time.monotonic()
+        state = {**self.base, "started": self.started, "updated": time.time(), "elapsed_s": now - self.t0}
+        state["updated_monotonic"] = now  # the server adds the time since, on the same machine's clock
+        return state
+
+    def pid_start(self, pid: int | None) -> int | None:
+        """``pid``'s start time (the server's identity check), read once per pid: a zombie keeps it until reaped."""
+        if pid not in self.pid_starts:
+            self.pid_starts[pid] = proc_start_time(pid)
+        return self.pid_starts[pid]
 
     def write(self, state: dict) -> bool:
         """Replace the state file with ``state`` now (a live session's entry writes its own snapshot). True if
@@ -165,25 +179,21 @@ class RunStateWriter:
 
     def snapshot(self, report, *, final: bool = False, error: BaseException | None = None) -> dict:
         """The JSON-ready state of the run (``report`` may be None before the engine made one)."""
-        now = time.monotonic()
-        state = {**self.base, "started": self.started, "updated": time.time(), "elapsed_s": now - self.t0}
-        state["updated_monotonic"] = now  # the server adds the time since, on the same machine's clock
+        state = self.header()
         if report is None:
             state.update(
                 state=RunState.STARTING, world_size=None, backend=None, start_method=None, ranks=[], root_cause=None
             )
         else:
-            failed = {f.rank: (f.message.splitlines() or [""])[0][:300] for f in report.failures if f.rank is not None}
+            failed = {f.rank: first_line(f.message) for f in report.failures if f.rank is not None}
             ranks = []
             for r in report.ranks:
                 pid = r.pid or None
-                if pid not in self.pid_starts:
-                    self.pid_starts[pid] = proc_start_time(pid)  # a zombie keeps it until reaped
                 ranks.append(
                     {
                         "rank": r.rank,
                         "pid": pid,
-                        "pid_start": self.pid_starts[pid],
+                        "pid_start": self.pid_start(pid),
                         "state": r.state,  # the recorder's
                         "exit": _exit_text(r, failed),
                         "log": os.path.basename(r.log_path) if r.log_path else None,
@@ -191,7 +201,7 @@ class RunStateWriter:
                     }
                 )
             state.update(
-                state=run_state_of(report.outcome, report.ranks),
+                state=run_state_of(report.state, report.ranks),
                 world_size=report.world_size,
                 backend=report.backend,
                 start_method=report.start_method,
@@ -212,8 +222,7 @@ class RunStateWriter:
             else:
                 state["state"] = RunState.FAILED
                 if error is not None and not state["root_cause"]:
-                    text = (str(error).splitlines() or [""])[0][:300]
-                    state["root_cause"] = f"{type(error).__name__}: {text}" if text else type(error).__name__
+                    state["root_cause"] = error_line(error)
         if report is not None:
             state["report"] = {
                 "startup_s": report.startup_s,

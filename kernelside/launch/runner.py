@@ -28,10 +28,11 @@ from ..display.progress_view import make_run_display, render_mode
 from ..display.rank_tabs import make_rank_tabs
 from ..engines.table import engine_class
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError
-from ..notebook.namespace import Payload
+from ..run_contract import RunState
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
+from .payload import Payload
 from .plan import make_plan
 from .recorder import RunRecorder
 from .report import LaunchReport
@@ -195,7 +196,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         interrupted = engine.interrupt_error(recorder) or (e if message is None else CellInterrupted(message))
     finally:
         # (after Ctrl-C the grace was given above; stopped from the panel: the recorder's shorter one was)
-        grace = 0.0 if interrupted or report.outcome == "stopped" else engine.stop_grace_s
+        grace = 0.0 if interrupted or report.state is RunState.STOPPED else engine.stop_grace_s
         engine.close(grace, recorder)
         recorder.close()
         if interrupted is not None:
@@ -213,7 +214,7 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
     while True:
         now = time.monotonic()
         stopping = recorder.stopping_since
-        grace = recorder.grace_s or engine.stop_grace_s
+        grace = stop_grace_s(engine, recorder)
         if stopping is not None and grace is not None and now - stopping > grace:
             return  # the engine's close() kills what is left
         if deadline is not None and stopping is None and now >= deadline:
@@ -222,7 +223,15 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
         wait = POLL_S if deadline is None or stopping is not None else max(0.0, min(POLL_S, deadline - now))
         if engine.poll(recorder, wait):
             return
+        recorder.tick()  # once per turn: partial lines, widget redraws, GPU samples, the Runs view's state file
         interrupts.check()  # ■ is acted on here, between two turns of the loop (never where it landed)
+
+
+def stop_grace_s(engine, recorder) -> float | None:
+    """How long stopping ranks get before ``close()`` kills what is left — one value: the engine's own
+    (``Engine.stop_grace_s``; None: as long as they live), unless the launch panel's Stop asked for less
+    (``recorder.grace_s``, ``RunRecorder.stop_requested``)."""
+    return recorder.grace_s or engine.stop_grace_s
 
 
 def _interrupted_message(report: LaunchReport, engine) -> str:
@@ -239,11 +248,9 @@ def _interrupted_message(report: LaunchReport, engine) -> str:
 def _where_ranks_were(report: LaunchReport, engine) -> str:
     """Each unfinished rank's line and collective, from its stack (``rank_stacks``), asked before it is stopped;
     '' on engines whose ranks are not this kernel's children (Ray, torch's elastic launcher)."""
-    group = getattr(engine, "group", None)
-    if group is None:
-        return ""
     finished = {r.rank for r in report.ranks if r.state.is_final}
-    targets = [(w.rank, w.pid, None) for w in group.workers if w.status is None and w.rank not in finished]
+    targets = [(rank, pid, None) for rank, pid, ended in engine.rank_processes() if ended is None]
+    targets = [t for t in targets if t[0] not in finished]
     if not targets:
         return ""
     answer = rank_stacks.StackRequest.send(report.log_dir, targets).collect(label=rank_stacks.kernel_label)

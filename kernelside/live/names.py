@@ -1,6 +1,6 @@
 """The live transport of notebook names: which of the names a request needs the ranks lack, packed once.
 
-Which names a cell or function needs is decided in ``notebook.namespace`` (the same analysis as a
+Which names a cell or function needs is decided in ``launch.payload`` (the same analysis as a
 one-shot launch and export). Names a ``%%distributed`` cell assigns belong to the ranks from then on.
 Every other name it uses comes from the kernel's current value, sent with cloudpickle — unless the
 ranks already have that value: per name the kernel remembers a fingerprint of what it last sent
@@ -35,7 +35,8 @@ import weakref
 
 import cloudpickle
 
-from ..notebook.namespace import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
+from ..errors import LaunchConfigError
+from ..launch.payload import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
 from ..worker.live_rank import rebuild_function
 
 _BY_IDENTITY = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType)
@@ -110,6 +111,14 @@ class NameSender:
         self.owned: set[str] = set()  # names the cells assigned: the ranks' own
         self.names_bytes = 0  # pickled kernel values sent so far (each value counted once, not per rank)
 
+    @classmethod
+    def for_new_ranks(cls, inherited: dict | None) -> NameSender:
+        """What new ranks hold of the kernel's names: what they ``inherited`` (forked), else nothing."""
+        sender = cls()
+        if inherited is not None:
+            sender.seed(inherited)
+        return sender
+
     def seed(self, kernel_ns: dict) -> None:
         """Forked ranks start with the kernel's namespace: what is recognisable by identity is known."""
         for name, value in list(kernel_ns.items()):
@@ -123,7 +132,7 @@ class NameSender:
 
         Example::
 
-            >>> values, assigned = session.names.for_cell(program, kernel_namespace())   # doctest: +SKIP
+            >>> values, assigned = session.names.for_cell(program, notebook_namespace())   # doctest: +SKIP
         """
         needed = cell_needs(program.source, program.filename, kernel_ns)
         return self.collect(needed, kernel_ns), names_assigned(program.source, program.filename)
@@ -133,9 +142,23 @@ class NameSender:
 
         Example::
 
-            >>> values = session.names.for_function(train, kernel_namespace())   # doctest: +SKIP
+            >>> values = session.names.for_function(train, notebook_namespace())   # doctest: +SKIP
         """
         return self.collect(function_needs(fn, kernel_ns), kernel_ns)
+
+    def for_push(self, names, source: dict, *, given: bool) -> tuple[dict[str, tuple], tuple[str, ...]]:
+        """``%distributed_push``: these values as they are now, even if unchanged; values the caller ``given``
+        (not the notebook's) become the ranks' own (the second item: give it to ``sent()``)."""
+        missing = [n for n in names if n not in source]
+        if missing:
+            raise LaunchConfigError(
+                "%distributed_push", ",".join(missing), None, message=f"not defined in the notebook: {missing}"
+            )
+        values = self.collect(names, source, force=True)
+        if not given:
+            return values, ()
+        values = {k: (blob, ("pushed",), None) for k, (blob, _key, _ref) in values.items()}
+        return values, tuple(values)
 
     def collect(self, names, kernel_ns: dict, *, force: bool = False) -> dict[str, tuple]:
         """``{name: (blob, fingerprint, weakref)}`` for the names whose kernel value the ranks lack.

@@ -15,6 +15,11 @@ back to idle with its namespace instead of ending it:
 
 Ranks that wait in different collectives (``waiting`` events) are named as the failure at once.
 
+The engine observes and judges; it never acts on the world. ``close()`` leaves its ``Verdict`` on the
+world — ``KEPT`` (every rank kept its state, the group as it was), ``REBUILT`` (the group rebuilt in the
+same processes), ``RESTART`` with the reason — and says it in the run's error; the session acts on it, in
+one place (``LiveSession._act``).
+
 A rank that is alive but slow to come back (a loaded machine, a long C call, a debugger) is waited for,
 however long it takes: its state is worth more than the wait. ``SETTLE_S`` after the stop, the cell says
 once what failed, which rank it still waits for and where, and that ■ again stops waiting. The world is
@@ -36,8 +41,9 @@ import time
 from ..engines.contract import Engine
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
-from ..run_contract import RankState
+from ..run_contract import RankState, RunState
 from ..short_traceback import first_line
+from .world import KEPT_WORLD, Verdict, WorldFate
 
 SETTLE_S = 2.0  # a rank not back this long after a stop is named in the cell as still awaited (never given up on)
 RESIGNAL_S = 0.5  # a rank not back yet gets SIGINT again this often (one may land just before its code starts)
@@ -60,7 +66,7 @@ class LiveRunEngine(Engine):
         self.render = session.render
         self.signalled_at: float | None = None
         self.recorder = self.loop = None
-        self.restart_reason: str | None = None
+        self.verdict = KEPT_WORLD  # what this request left of the world, judged in close()
         self.aborted = False  # every rank was told to close its process-group sockets
         self.rebuilt: int | None = None  # the group generation every rank came back with
         self.rebuild_notes: list[str] = []  # what still holds the old group (from the ranks)
@@ -88,7 +94,7 @@ class LiveRunEngine(Engine):
         recorder.report.session = self.label
         self.recorder = recorder
         if self.blob is not None:
-            self.session.send(self.ranks, self.blob)
+            self.session.world.send(self.ranks, self.blob)
             self.blob = None  # the kernel keeps no copy of what it sent
 
     def stop(self) -> None:
@@ -138,34 +144,40 @@ class LiveRunEngine(Engine):
         return CellInterrupted("every rank stopped the cell and kept its state" + after)
 
     def close(self, grace: float, recorder) -> None:
-        """Decide whether the world can go on; if not, restart it and say so. (Not for the start's own run:
-        ranks that cannot come up are the session's to handle, see ``LiveSession._bring_up``.)"""
+        """Judge whether the world can go on (``verdict``) and say it in the run's error; the session acts on
+        it. (Not for the start's own run: ranks that cannot come up are the session's, ``LiveSession._bring_up``.)"""
         if self.loop is not None:
             self.loop.finish()
-        if self.req_id and recorder.report.outcome != "interrupted" and not self.mismatch:
+        if not self.req_id:
+            return
+        if recorder.report.state is not RunState.INTERRUPTED and not self.mismatch:
             where = self._where_lines()
             if where:
                 recorder.note("Where the other ranks were: " + "; ".join(where) + ".")
-        reason = self._broken(recorder) if self.req_id else None
-        if reason is None and self.rebuilt is not None:
+        self.verdict = self._judge(recorder)
+        if self.verdict.fate is WorldFate.REBUILT:
             for n in self.rebuild_notes:
                 recorder.note(f"nblaunch: after the rebuild, {n}.")
             recorder.note(f"nblaunch: {REBUILT}.")
-        elif reason is None and self.req_id and recorder.report.failures:
+        elif self.verdict.fate is WorldFate.KEPT and recorder.report.failures:
             recorder.note(f"nblaunch: {KEPT}.")  # the failure came before any peer waited for it
-        if reason is None or self.session.runs.stop_asked.is_set():
+        if not self.verdict.restarts or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
-        self.restart_reason = reason
-        self.session.restart_world()
-        message = f"nblaunch: {reason}; {RESTARTED}."
-        if recorder.report.outcome == "interrupted":
+        message = f"nblaunch: {self.verdict.reason}; {RESTARTED}."
+        if recorder.report.state is RunState.INTERRUPTED:
             self.session.err.write(message + "\n")
             self.session.err.flush()
             recorder.report.notes.append(message)
         elif not recorder.report.failures:
-            recorder.engine_failed(f"{reason}; {RESTARTED}.")
+            recorder.engine_failed(f"{self.verdict.reason}; {RESTARTED}.")
         else:
             recorder.note(message)
+
+    def _judge(self, recorder) -> Verdict:
+        reason = self._broken(recorder)
+        if reason is not None:
+            return Verdict(WorldFate.RESTART, reason)
+        return Verdict(WorldFate.REBUILT) if self.rebuilt is not None else KEPT_WORLD
 
     # -- inside ----------------------------------------------------------------------------
     def _over(self, recorder) -> bool:
@@ -257,7 +269,7 @@ class LiveRunEngine(Engine):
             return False
         gen = self.session.world.next_generation()
         body = pickle.dumps({"kind": "rebuild", "id": self.req_id, "gen": gen}, protocol=5)
-        self.session.send(tuple(w.rank for w in alive), body)
+        self.session.world.send(tuple(w.rank for w in alive), body)
         self.rebuilding = gen
         return True
 

@@ -23,7 +23,7 @@ Example::
 
     >>> entry = LiveRunEntry(session)         # doctest: +SKIP  (state.json "starting", control.sock up)
     >>> entry.begin(engine); entry.tick(report); entry.end(engine, report)   # doctest: +SKIP  one cell
-    >>> entry.close("done")                    # doctest: +SKIP  final state, socket removed
+    >>> entry.close(RunState.DONE)                    # doctest: +SKIP  final state, socket removed
 """
 
 from __future__ import annotations
@@ -36,9 +36,10 @@ import time
 from ..launch import rank_stacks
 from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
-from ..launch.run_state import RunStateWriter, proc_start_time, root_cause_line
+from ..launch.run_state import RunStateWriter, root_cause_line
 from ..launch.run_tracker import RunTracker
-from ..run_contract import FINAL_RUN_STATES, rank_log_name
+from ..run_contract import FINAL_RUN_STATES, RunState, rank_log_name
+from ..short_traceback import error_line
 
 ENGINE = "local (live)"
 PANEL_STOPPED = (
@@ -79,7 +80,7 @@ class LiveRunEntry(RunTracker):
         self.last_cell: str | None = None  # the last cell's outcome: ok, failed, interrupted...
         self.ended = False
         self._pending: dict | None = None  # a snapshot for the thread to write (``_write(later=True)``)
-        self._write("starting")
+        self._write(RunState.STARTING)
         self.thread = None
         if self.channel is not None:
             self._quit_r, self._quit_w = _pipe()
@@ -95,7 +96,7 @@ class LiveRunEntry(RunTracker):
         self.begun = time.monotonic()
         self.cell_stop.clear()  # (a Stop that came as the request before ended: that one is over)
         if engine.req_id == 0:
-            self._write("starting")
+            self._write(RunState.STARTING)
 
     def tick(self, report) -> None:
         """The recorder's tick during a request: a Stop asked from the panel becomes the cell's Stop here."""
@@ -107,9 +108,9 @@ class LiveRunEntry(RunTracker):
             elif self.cell_stop.is_set():  # the cell stops as after ■: every rank back to idle, state kept
                 rec.stop_requested(CELL_STOPPED, grace_s=None)
         if self.engine is None or self.engine.req_id == 0:
-            self._write("starting", throttle=True)
+            self._write(RunState.STARTING, throttle=True)
         elif time.monotonic() - self.begun >= SHOW_RUNNING_AFTER_S:
-            self._write("running", throttle=True)
+            self._write(RunState.RUNNING, throttle=True)
 
     def end(self, engine, report, is_cell: bool) -> None:
         """The request is over (whatever its outcome): back to idle, or the end if the world is gone."""
@@ -118,13 +119,13 @@ class LiveRunEntry(RunTracker):
             self.cells += 1
             self.last_cell = report.outcome if report is not None else None
         if not self.ended and not self.stop_asked.is_set():  # (stopped: the final state follows at once)
-            self._write("idle", later=engine.req_id != 0)  # (the start's own end: at once, ready means idle)
+            self._write(RunState.IDLE, later=engine.req_id != 0)  # (the start's own end: at once, ready means idle)
 
     def restarted(self) -> None:
         """New processes (same flags): the entry shows their pids at once."""
-        self._write("starting")
+        self._write(RunState.STARTING)
 
-    def close(self, state: str, error: BaseException | None = None) -> None:
+    def close(self, state: RunState, error: BaseException | None = None) -> None:
         """The session ended: ``done``, ``stopped`` or ``failed``; the socket goes first, then the final state."""
         if self.ended:
             return
@@ -199,35 +200,30 @@ class LiveRunEntry(RunTracker):
             self.session.life.release()
 
     # -- the state file --------------------------------------------------------------------
-    def _write(self, state: str, *, throttle: bool = False, final: bool = False, error=None, later=False) -> None:
+    def _write(self, state: RunState, *, throttle: bool = False, final: bool = False, error=None, later=False) -> None:
         """Write ``state.json`` now, or (``later``) let the Stop channel's thread write it within
         ``PENDING_WRITE_S``: the file's rename is a journal write that the end of a quick cell need not wait
         for. Either way in the order asked (a write now supersedes one pending)."""
         with self.write_lock:
-            w = self.writer
-            now = time.monotonic()
             key = (state, self.cells, self.session.restarts, self._engine_key())
-            if throttle and key == w.last_key and now - w.last_write < 0.25:
+            if not self.writer.due(key, force=not throttle):
                 return
-            w.last_key, w.last_write = key, now
             snap = self.snapshot(state, final=final, error=error)
             if later and self.thread is not None and self.thread.is_alive():
                 self._pending = snap  # (no wake-up: waking a thread costs a quick cell more than the write)
                 return
             self._pending = None  # (superseded)
-            w.write(snap)  # a disk error costs the view, not the session
+            self.writer.write(snap)  # a disk error costs the view, not the session
 
     def _engine_key(self):
         rec = getattr(self.engine, "recorder", None)
-        return None if rec is None else (rec.report.outcome, len(rec.report.failures), len(rec.idle))
+        return None if rec is None else (rec.report.state, len(rec.report.failures), len(rec.idle))
 
-    def snapshot(self, state: str, *, final: bool = False, error=None) -> dict:
+    def snapshot(self, state: RunState, *, final: bool = False, error=None) -> dict:
         """The JSON-ready state of the session (``state``: starting | idle | running | done | stopped | failed)."""
-        s, w = self.session, self.writer
-        now = time.monotonic()
-        out = {**w.base, "started": w.started, "updated": time.time(), "updated_monotonic": now}
+        s = self.session
+        out = self.writer.header()
         out.update(
-            elapsed_s=now - w.t0,
             state=state,
             session=True,
             world_size=s.plan.num_processes,
@@ -241,35 +237,31 @@ class LiveRunEntry(RunTracker):
         )
         if final:
             out["ended"] = time.time()
-            if state == "stopped":
+            if state is RunState.STOPPED:
                 out["root_cause"] = PANEL_STOPPED.removeprefix("nblaunch: ")
             elif error is not None:
                 report = getattr(error, "report", None)
-                line = root_cause_line(report) if report is not None else None
-                text = (str(error).splitlines() or [""])[0][:300]
-                out["root_cause"] = line or (f"{type(error).__name__}: {text}" if text else type(error).__name__)
+                out["root_cause"] = (root_cause_line(report) if report is not None else None) or error_line(error)
         return out
 
-    def _ranks(self, state: str) -> list[dict]:
+    def _ranks(self, state: RunState) -> list[dict]:
         world = self.session.world if self.session.world.engine is not None else None
         rec = getattr(self.engine, "recorder", None)
         in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []
         for wk in world.group.workers if world is not None else ():
             pid = wk.pid or None
-            if pid not in self.writer.pid_starts:
-                self.writer.pid_starts[pid] = proc_start_time(pid)
             rank_state = live_rank_state(
                 process_ended=wk.status is not None,
                 session_over=state in FINAL_RUN_STATES,
-                starting=state == "starting",
+                starting=state is RunState.STARTING,
                 in_request=in_request.get(wk.rank),
             )
             rows.append(
                 {
                     "rank": wk.rank,
                     "pid": pid,
-                    "pid_start": self.writer.pid_starts[pid],
+                    "pid_start": self.writer.pid_start(pid),
                     "state": rank_state,
                     "exit": wk.status.describe() if wk.status is not None else None,
                     "log": rank_log_name(wk.rank),

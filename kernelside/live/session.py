@@ -24,53 +24,28 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import os
 import pickle
 import sys
 import threading
-import time
 
 from .. import interrupts
-from ..config import resolve_config
 from ..display.progress_view import render_mode
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError, WorkerError
+from ..kernel_shell import call_in_kernel_thread, notebook_namespace
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
-from ..launch.runner import keeping_last_report, plan_for, run_engine
-from ..notebook.cell_label import running_shell
+from ..launch.runner import keeping_last_report, run_engine
+from ..run_contract import RunState
+from ..short_traceback import summary_line
 from . import registry
-from .names import NameSender, dumps
-from .request_engine import LiveRunEngine
+from .names import NameSender
+from .request import LiveRequest, one_request_at_a_time
+from .request_engine import RESTARTED, LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
-from .world import World
+from .world import Verdict, World, WorldFate, WorldState, world_plan
 
 current = registry.current  # this kernel's live session, or None
 STOPPED = "nblaunch: this live session was stopped; start a new one with %distributed_start."
-
-
-def _one_at_a_time(method):
-    """Run a request holding the session's lock; a second thread gets a clear error instead of a wait.
-    (The panel's Stop between cells holds it for a moment: then the request waits, and finds the session gone.)"""
-
-    @functools.wraps(method)
-    @interrupts.deferring(interrupts.REQUEST_NOT_SENT)
-    def wrapper(self, *args, **kwargs):
-        if not self.life.acquire(blocking=False):
-            if not self.runs.stop_asked.is_set():
-                raise LaunchError("nblaunch: the live session is already running a cell (from another thread).")
-            self.life.acquire()
-        try:
-            return method(self, *args, **kwargs)
-        finally:
-            self.life.release()
-
-    return wrapper
-
-
-def kernel_namespace() -> dict:
-    """The notebook's namespace: IPython's user namespace, else ``__main__``'s."""
-    shell = running_shell()
-    return shell.user_ns if shell is not None else vars(sys.modules["__main__"])
 
 
 class LiveSession:
@@ -78,26 +53,13 @@ class LiveSession:
 
     def __init__(self, arguments: dict, config: str | None, out, err):
         self.arguments, self.config, self.out, self.err = dict(arguments), config, out, err
-        self.cfg = resolve_config(self.arguments, config=config)
-        for w in self.cfg.warnings:
-            err.write(f"nblaunch: {w}\n")
-        self.plan = plan_for(self.cfg)
-        if self.plan.engine != "local":
-            raise LaunchConfigError(
-                "engine",
-                self.plan.engine,
-                None,
-                message=f"a live session runs its ranks on this machine; engine={self.plan.engine!r} (from "
-                f"{'num_machines' if self.plan.engine == 'elastic' else 'engine'}) is not supported for it. "
-                "Use a one-shot %%distributed cell for that engine. Nothing was started.",
-            )
+        self.cfg, self.plan = world_plan(self.arguments, config, err)
         self.render = render_mode(self.plan.output)
         self.ids = itertools.count(1)
         self.logs = contextlib.ExitStack()
         self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
-        self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=kernel_namespace)
+        self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=notebook_namespace)
         self.names = NameSender()
-        self.started_at = time.monotonic()
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
         self.start_display = None  # the start cell's RunDisplay (widgets only), told when the session ends
@@ -124,19 +86,19 @@ class LiveSession:
                 session._new_names(session.world.start())
                 engine = session._start_engine()
                 session._execute(engine, LaunchRequest(fn=None), session.plan)
-                session.world.state = "idle"
+                session.world.ready()
             # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
             session.start_display = engine.recorder.display if engine.recorder is not None else None
         except KeyboardInterrupt as e:
-            session._close("failed", e)
+            session._close(RunState.FAILED, e)
             raise CellInterrupted(interrupts.SESSION_NOT_STARTED) from None
         except BaseException as e:
-            session._close("failed", e)
+            session._close(RunState.FAILED, e)
             raise
         registry.set_current(session)
         return session
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def restart(self) -> None:
         """New processes with the same flags; every rank's state is gone. Returns once every new rank is ready;
         if they do not come up, the session is stopped and a LaunchError says why."""
@@ -149,16 +111,16 @@ class LiveSession:
         """Stop every rank; nothing is left (processes, port, fds). Safe to call twice. ■ meanwhile ends the
         ranks' grace at once (SIGKILL); the stop itself always completes."""
         with interrupts.deferred(interrupts.SESSION_STOPPED, interrupts.SESSION_STOPPED), self.life:
-            self._close("done")
+            self._close(RunState.DONE)
 
     def stop_from_panel(self) -> None:
         """The launch panel's Stop (``run_entry``), holding the lock: every rank ends, the entry says "stopped".
         The session stays this kernel's until its next cell, which refuses once and says why."""
-        self._close("stopped", forget=False)
+        self._close(RunState.STOPPED, forget=False)
 
-    def _close(self, state: str, error: BaseException | None = None, *, forget: bool = True) -> None:
+    def _close(self, state: RunState, error: BaseException | None = None, *, forget: bool = True) -> None:
         if self.runs.stop_asked.is_set():
-            state = "stopped"
+            state = RunState.STOPPED
         if self.world.up:
             self.world.close(1.0)
         self.runs.close(state, error)  # the ranks (now dead) are still listed in the final state
@@ -167,9 +129,9 @@ class LiveSession:
             registry.set_current(None)
         display, self.start_display = self.start_display, None
         if display is not None:
-            how = "from the launch panel" if state == "stopped" else "by an error" if error is not None else ""
+            how = "from the launch panel" if state is RunState.STOPPED else "by an error" if error is not None else ""
             text = f"session stopped {how}".rstrip() + "; nothing is left running"
-            _in_kernel_thread(functools.partial(display.session_ended, text))
+            call_in_kernel_thread(functools.partial(display.session_ended, text))
 
     def restart_world(self) -> None:
         """Called when the world cannot go on: the old ranks are gone at once, new ones start."""
@@ -177,10 +139,7 @@ class LiveSession:
         self.runs.restarted()
 
     def _new_names(self, namespace: dict) -> None:
-        """What the new ranks hold of the kernel's names: what they inherited (fork), else nothing."""
-        self.names = NameSender()
-        if self.plan.start_method == "fork":
-            self.names.seed(namespace)
+        self.names = NameSender.for_new_ranks(namespace if self.plan.start_method == "fork" else None)
 
     def _start_engine(self) -> LiveRunEngine:
         engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
@@ -194,11 +153,11 @@ class LiveSession:
         try:
             with keeping_last_report():  # %distributed_last stays the cell's report, not the start's
                 self._execute(self._start_engine(), LaunchRequest(fn=None), self.plan)
-            self.world.state = "idle"
+            self.world.ready()
         except BaseException as e:
-            self._close("done")
+            self._close(RunState.DONE)
             message = (
-                f"nblaunch: {what} did not come up ({_summary(e)}). "
+                f"nblaunch: {what} did not come up ({summary_line(e)}). "
                 "The live session is stopped and nothing is left running; fix the cause, then %distributed_start."
             )
             if cause is not None and cause.args and isinstance(cause.args[0], str):
@@ -210,128 +169,102 @@ class LiveSession:
             raise LaunchError(message) from e
 
     # -- requests --------------------------------------------------------------------------
-    @_one_at_a_time
+    @one_request_at_a_time
     def run_cell(self, program, *, return_from=(0,), ranks=None, output=None, progress=None, timeout=None):
         """Run a prepared cell (``notebook.cell.CellProgram``) on the ranks; the LaunchOutcome."""
         self._ensure_world()
-        ns = kernel_namespace()
-        values, assigned = self.names.for_cell(program, ns)
-        return self._request(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
+        values, assigned = self.names.for_cell(program, notebook_namespace())
+        return self._request(
+            LiveRequest(program, (), {}, values, assigned, return_from, ranks, output, progress, timeout)
+        )
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def run_function(self, fn, args=(), kwargs=None, *, return_from=(0,), ranks=None, timeout=None):
         """Call ``fn(*args, **kwargs)`` on the ranks (its globals: each rank's namespace); the LaunchOutcome."""
         if not callable(fn):
             raise LaunchConfigError("function", fn, "a callable (a function defined in the notebook, say)")
         self._ensure_world()
-        ns = kernel_namespace()
-        values = self.names.for_function(fn, ns)
-        return self._request(fn, tuple(args), dict(kwargs or {}), values, (), return_from, ranks, None, None, timeout)
+        values = self.names.for_function(fn, notebook_namespace())
+        request = LiveRequest(fn, tuple(args), dict(kwargs or {}), values, return_from=return_from, ranks=ranks)
+        return self._request(dataclasses.replace(request, timeout=timeout))
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def push(self, names, source: dict | None = None) -> list[str]:
         """Send these kernel values (or ``source``'s) to every rank, as they are now, even if unchanged."""
         self._ensure_world()
-        ns = kernel_namespace() if source is None else source
-        missing = [n for n in names if n not in ns]
-        if missing:
-            raise LaunchConfigError(
-                "%distributed_push", ",".join(missing), None, message=f"not defined in the notebook: {missing}"
-            )
-        values = self.names.collect(names, ns, force=True)
-        owned = ()
-        if source is not None:  # values given by the caller, not the notebook's: from now on the ranks' own
-            values = {k: (blob, ("pushed",), None) for k, (blob, _key, _ref) in values.items()}
-            owned = tuple(values)
-        self._request(None, (), {}, values, owned, (), None, None, None, None)
+        ns = notebook_namespace() if source is None else source
+        values, owned = self.names.for_push(names, ns, given=source is not None)
+        self._request(LiveRequest(None, values=values, assigned=owned))
         return sorted(values)
 
     def _ensure_world(self) -> None:
         if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
-            self._close("stopped")
+            self._close(RunState.STOPPED)
             raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
         if not self.world.up:
             raise LaunchError(STOPPED)
-        if self.world.state == "broken":
-            self.restart_world()
+        if self.world.state is WorldState.BROKEN:  # a request before this one could not reach the ranks whole
+            reason = self.world.broken_because
+            self.err.write(f"nblaunch: {reason}; {RESTARTED}.\n")
+            self._act(Verdict(WorldFate.RESTART, reason))
 
-    def _request(self, fn, args, kwargs, values, assigned, return_from, ranks, output, progress, timeout):
-        n = self.plan.num_processes
-        ranks = tuple(range(n)) if ranks is None else tuple(sorted(set(ranks)))
-        bad = [r for r in (*ranks, *return_from) if not 0 <= r < n]
-        if bad:
-            raise LaunchConfigError("--ranks", bad[0], f"a rank of this {n}-rank live session (0..{n - 1})")
+    def _request(self, request: LiveRequest):
+        ranks = request.chosen_ranks(self.plan.num_processes)
         req_id = next(self.ids)
-        try:
-            body = {
-                "kind": "run" if fn is not None else "push",
-                "id": req_id,
-                "fn": dumps(fn if fn is not None else tuple),  # a push runs nothing: the names are set, that's all
-                "args": dumps((args, kwargs)) if (args or kwargs) else None,
-                "names": {name: v[0] for name, v in values.items()},
-                "return_from": tuple(return_from),
-                "progress": progress or self.plan.progress,
-            }
-            blob = pickle.dumps(body, protocol=5)
-        except Exception as e:
-            raise LaunchConfigError(
-                None, None, None, message=f"cannot send this to the live ranks: {type(e).__name__}: {e}. Nothing ran."
-            ) from None
-        del body
-        if output is None:
-            output = self.plan.output if (0 in ranks or self.plan.output != "rank0") else "all"
-        plan = dataclasses.replace(
-            self.plan, output=output, progress=progress or self.plan.progress, timeout=timeout or self.plan.timeout
-        )
-        label = f"live session, cell {req_id}" if fn is not None else "live session, push"
-        engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=label)
+        blob = request.message(req_id, self.plan.progress)
+        plan = request.plan_for(self.plan, ranks)
+        engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=request.label(req_id))
         del blob
         try:
-            return self._run(engine, LaunchRequest(fn=fn, return_all=True, on_event=engine.on_event), plan)
+            return self._run(engine, LaunchRequest(fn=request.fn, return_all=True, on_event=engine.on_event), plan)
         except WorkerError as e:
-            if e.rank is not None and engine.restart_reason is None:  # its rank still holds the failed frames
+            if e.rank is not None and not engine.verdict.restarts:  # its rank still holds the failed frames
                 e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
             raise
         finally:
-            if engine.blob is None and engine.restart_reason is None:  # the ranks have the values now
-                self.names.sent(values, assigned)
+            if engine.blob is None and not engine.verdict.restarts:  # the ranks have the values now
+                self.names.sent(request.values, request.assigned)
 
     def _run(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
-        """One request, with the world up before it and after it (a restart during it included)."""
+        """One request, with the world up before it and after it (a restart it called for included)."""
         try:
-            if self.world.state == "starting":  # a world restarted outside a run: its ranks first come up
-                self._bring_up("the live session was restarted, but its new ranks")
             try:
                 outcome = self._execute(engine, req, plan)
             except BaseException as e:
-                if engine.restart_reason is not None:  # restarted by this run: up (or said not to be) before it ends
-                    self._bring_up("the new ranks of that restart", cause=e)
+                self._act(engine.verdict, cause=e)  # restarted: up (or said not to be) before the error
                 raise
-            if engine.restart_reason is not None:
-                self._bring_up("the new ranks of that restart")
+            self._act(engine.verdict)
         finally:
             if self.runs.stop_asked.is_set() and self.world.up:  # Stop from the panel during this request
-                self._close("stopped")
+                self._close(RunState.STOPPED)
         if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
             self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
         return outcome
 
+    def _act(self, verdict: Verdict, cause: BaseException | None = None) -> None:
+        """The one place the session acts on what a request left of the world: a world that cannot go on is
+        restarted (new processes, same flags) and brought up; one kept or rebuilt goes on as it is. (Stop from
+        the launch panel meanwhile: no restart, the session closes the world next.)"""
+        if not verdict.restarts or self.runs.stop_asked.is_set():
+            return
+        self.restart_world()
+        self._bring_up("the new ranks of that restart", cause=cause)
+
     def _execute(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
         if engine.req_id:
-            self.world.state = "busy"
+            self.world.begin_request()
         self.runs.begin(engine)
         try:
             outcome = run_engine(engine, req, plan, self.log_dir, self.out, self.err, self.runs)
         finally:
-            if self.world.state == "busy":
-                self.world.state = "idle"
+            self.world.end_request()
             self.runs.end(engine, getattr(engine.recorder, "report", None), engine.req_id != 0 and req.fn is not None)
         if engine.req_id:
             for r in engine.ranks:
                 self.world.cells_run[r] += 1
         return outcome
 
-    @_one_at_a_time
+    @one_request_at_a_time
     def post_mortem(self, rank: int, of: int) -> None:
         """``%debug`` after cell ``of`` failed: pdb in ``rank``'s frame of it, answered in the cell; ``q`` returns."""
         self._ensure_world()
@@ -345,63 +278,14 @@ class LiveSession:
         with keeping_last_report():  # %distributed_last stays the failed cell's report
             self._run(engine, LaunchRequest(fn=None, on_event=engine.on_event), plan)
 
-    def send(self, ranks, blob: bytes) -> None:
-        """Write one request to these ranks (``World.send``)."""
-        self.world.send(ranks, blob)
-
     # -- what it is ------------------------------------------------------------------------
     @property
     def restarts(self) -> int:
         return self.world.restarts
 
     def describe(self) -> str:
-        flags = " ".join(f"{k}={v}" for k, v in self.arguments.items()) or "(defaults)"
-        return (
-            f"{self.plan.num_processes} ranks, {self.plan.backend}, {self.plan.start_method}; flags {flags}; "
-            f"up {time.monotonic() - self.started_at:.0f}s"
-        )
+        return self.world.describe(self.arguments)
 
     def status(self) -> list[dict]:
         """Per rank: pid, idle/busy, cells run, memory (RSS bytes)."""
-        if not self.world.up:
-            return []
-        return [
-            {
-                "rank": w.rank,
-                "pid": w.pid,
-                "state": self.world.rank_state(w),
-                "cells": self.world.cells_run[w.rank],
-                "rss": _rss(w.pid),
-            }
-            for w in self.world.group.workers
-        ]
-
-
-def _summary(e: BaseException) -> str:
-    """The first line of an error; nblaunch's own without its type and prefix (they say it all)."""
-    lines = str(e).strip().splitlines()
-    first = lines[0] if lines else ""
-    if first.startswith("nblaunch: "):
-        return first[len("nblaunch: ") :]
-    return f"{type(e).__name__}: {first}" if first else type(e).__name__
-
-
-def _rss(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/statm") as fh:
-            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except OSError:
-        return None
-
-
-def _in_kernel_thread(fn) -> None:
-    """Call ``fn`` (a widget update) in the kernel's main thread: now, or from the panel's Stop thread on the
-    kernel's event loop, which runs it between cells at once. (A widget message sent from that thread itself
-    would open sockets of the thread in the kernel, which outlive it.) Without a kernel loop, nothing shows
-    widgets: nothing to do."""
-    if threading.current_thread() is threading.main_thread():
-        fn()
-        return
-    loop = getattr(getattr(running_shell(), "kernel", None), "io_loop", None)
-    if loop is not None:
-        loop.add_callback(fn)
+        return self.world.status()

@@ -2,33 +2,100 @@
 
 The processes are the local engine's (``engines.local.LocalEngine``: the same WorkerGroup,
 rendezvous store and pipes as a one-shot launch) running live ranks (``worker.live_rank``) that
-wait for requests instead of exiting. The world knows what state it is in — one field, ``state``:
+wait for requests instead of exiting. The world knows what state it is in — one ``WorldState``,
+moved only by the world's verbs:
 
-``starting`` → ``idle`` ⇄ ``busy`` → ``closed``, and ``broken`` (a request could not be written
-whole: the next request restarts it first). ``generation`` counts the default process groups
-rebuilt in place after a failure (``live.request_engine``); ``restarts`` the new sets of processes.
+``STARTING`` --ready()--> ``IDLE`` --begin_request()--> ``BUSY`` --end_request()--> ``IDLE``;
+``mark_broken(reason)`` (from any state but ``CLOSED``) --> ``BROKEN``: the world cannot go on, and the
+restart before the next request says ``broken_because``; ``start()`` / ``restart()`` --> ``STARTING``;
+``close()`` --> ``CLOSED``, for good. ``generation`` counts the default process groups rebuilt in place
+after a failure (``live.request_engine``); ``restarts`` the new sets of processes.
 
-What runs on it, and when it is restarted, is the session's (``live.session``) and its requests'.
+What runs on it, and when it is restarted, is the session's (``live.session``): each request's engine
+says what became of the world (a ``live.request_engine.Verdict``), and the session acts on it.
 
 Example::
 
     >>> world = World(plan, log_dir, out, err, render="text")   # doctest: +SKIP
-    >>> world.start(); world.send((0, 1), blob); world.close(1.0)
+    >>> world.start(); world.ready(); world.begin_request(); world.send((0, 1), blob); world.end_request()
+    >>> world.close(1.0)
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import os
+import time
 
 import cloudpickle
 
 from ..channel import EventReader, frame, write_frame
+from ..config import resolve_config
 from ..engines.local import LocalEngine
+from ..errors import LaunchConfigError
 from ..launch.recorder import live_rank_state
 from ..launch.request import LaunchRequest
+from ..launch.runner import plan_for
 from ..run_contract import RankState
 
-STATES = ("starting", "idle", "busy", "broken", "closed")
+
+class WorldState(enum.Enum):
+    """Where a live session's world is; its transitions are in the module docstring."""
+
+    STARTING = "starting"  # new processes, not yet ready (their start-up request runs or is due)
+    IDLE = "idle"  # every rank waits for a request
+    BUSY = "busy"  # a request runs
+    BROKEN = "broken"  # cannot go on (``broken_because`` says why): restarted before the next request
+    CLOSED = "closed"  # every rank ended; for good
+
+
+class WorldFate(enum.Enum):
+    """What one request left of the world."""
+
+    KEPT = "kept"  # every rank kept its state, and the process group needed no rebuild
+    REBUILT = "rebuilt"  # the process group was rebuilt in the same processes: every rank kept its state
+    RESTART = "restart"  # the world cannot go on: new processes, same flags, state gone
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The request engine's judgement of the world after one request; the session acts on it.
+
+    Example::
+
+        >>> Verdict(WorldFate.RESTART, "rank 1 (pid 12) ended: killed by SIGKILL").restarts
+        True
+    """
+
+    fate: WorldFate
+    reason: str | None = None  # RESTART: why, as the error says it ("rank 1 (pid 12) ended: ...")
+
+    @property
+    def restarts(self) -> bool:
+        return self.fate is WorldFate.RESTART
+
+
+KEPT_WORLD = Verdict(WorldFate.KEPT)
+
+
+def world_plan(arguments: dict, config: str | None, err):
+    """The resolved configuration and the plan of a world of these settings (its warnings written to ``err``);
+    a world runs its ranks on this machine, so another engine is refused before anything starts."""
+    cfg = resolve_config(arguments, config=config)
+    for w in cfg.warnings:
+        err.write(f"nblaunch: {w}\n")
+    plan = plan_for(cfg)
+    if plan.engine != "local":
+        raise LaunchConfigError(
+            "engine",
+            plan.engine,
+            None,
+            message=f"a live session runs its ranks on this machine; engine={plan.engine!r} (from "
+            f"{'num_machines' if plan.engine == 'elastic' else 'engine'}) is not supported for it. "
+            "Use a one-shot %%distributed cell for that engine. Nothing was started.",
+        )
+    return cfg, plan
 
 
 class World:
@@ -41,11 +108,12 @@ class World:
         self.engine: LocalEngine | None = None
         self.readers: list[EventReader] = []
         self.cells_run: list[int] = []
-        self.state = "starting"
+        self.state = WorldState.STARTING
         self.broken_because: str | None = None
         self.restarts = 0
         self.generation = 0
         self.bytes_written = 0  # every byte written to the ranks' request pipes (all ranks)
+        self.made_at = time.monotonic()
 
     @property
     def group(self):
@@ -75,7 +143,7 @@ class World:
         engine.start_ranks()
         self.readers = [EventReader() for _ in engine.group.workers]
         self.cells_run = [0] * len(engine.group.workers)
-        self.state, self.broken_because = "starting", None
+        self.state, self.broken_because = WorldState.STARTING, None
         return ns
 
     def restart(self) -> dict:
@@ -86,13 +154,34 @@ class World:
 
     def close(self, grace: float) -> None:
         """Every rank ends (SIGTERM, SIGKILL after ``grace``); nothing is left. Safe to call twice."""
-        if self.engine is not None and self.state != "closed":
+        if self.engine is not None and self.state is not WorldState.CLOSED:
             self.engine.close(grace, None)  # (the engine stays: its ended ranks are still listed in the final state)
-        self.state = "closed"
+        self.state = WorldState.CLOSED
+
+    # -- the verbs of a request's life ---------------------------------------------------------
+    def ready(self) -> None:
+        """Every new rank came up (its start-up request ended well): the world waits for requests."""
+        self._move(WorldState.IDLE, (WorldState.STARTING, WorldState.IDLE))
+
+    def begin_request(self) -> None:
+        self._move(WorldState.BUSY, (WorldState.IDLE,))
+
+    def end_request(self) -> None:
+        """The request is over, whatever its outcome (a world it broke stays broken)."""
+        self._move(WorldState.IDLE, (WorldState.BUSY,))
+
+    def mark_broken(self, reason: str) -> None:
+        """The world cannot go on: ``reason`` is what the restart before the next request says."""
+        if self.state is not WorldState.CLOSED:
+            self.state, self.broken_because = WorldState.BROKEN, reason
+
+    def _move(self, to: WorldState, allowed: tuple) -> None:
+        if self.state in allowed:  # any other state stands: a world broken or closed meanwhile stays so
+            self.state = to
 
     @property
     def up(self) -> bool:
-        return self.engine is not None and self.state != "closed"
+        return self.engine is not None and self.state is not WorldState.CLOSED
 
     def next_generation(self) -> int:
         """The number of the next default process group rebuilt in place (its store prefix)."""
@@ -108,7 +197,7 @@ class World:
                     self.bytes_written += len(blob) + 8
         except BaseException as e:
             # a request cut in half leaves the rank's stream unreadable: this world cannot go on
-            self.state, self.broken_because = "broken", f"sending the request failed ({type(e).__name__})"
+            self.mark_broken(f"sending a request to the ranks failed ({type(e).__name__}), so they could not read it")
             raise
 
     def send_control(self, ranks, blob: bytes) -> list[int]:
@@ -136,6 +225,36 @@ class World:
         return live_rank_state(
             process_ended=bool(w.status),
             session_over=False,
-            starting=self.state == "starting",
-            in_request=RankState.BUSY if self.state == "busy" else None,
+            starting=self.state is WorldState.STARTING,
+            in_request=RankState.BUSY if self.state is WorldState.BUSY else None,
         )
+
+    def describe(self, arguments: dict) -> str:
+        """'2 ranks, gloo, fork; flags num_processes=2; up 31s': the world as the magics name it."""
+        flags = " ".join(f"{k}={v}" for k, v in arguments.items()) or "(defaults)"
+        plan = self.plan
+        up = time.monotonic() - self.made_at
+        return f"{plan.num_processes} ranks, {plan.backend}, {plan.start_method}; flags {flags}; up {up:.0f}s"
+
+    def status(self) -> list[dict]:
+        """Per rank: pid, idle/busy, cells run, memory (RSS bytes); empty once closed."""
+        if not self.up:
+            return []
+        return [
+            {
+                "rank": w.rank,
+                "pid": w.pid,
+                "state": self.rank_state(w),
+                "cells": self.cells_run[w.rank],
+                "rss": _rss(w.pid),
+            }
+            for w in self.group.workers
+        ]
+
+
+def _rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return None

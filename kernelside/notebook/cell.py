@@ -3,7 +3,7 @@
 ``prepare_cell()`` runs in the kernel: it compiles the cell once (so syntax errors, a
 top-level ``return`` or ``await`` fail before anything starts), finds its last
 expression. ``CellProgram`` is what each worker calls: it executes the cell in the notebook's
-namespace (inherited under fork, the names it reads under spawn: ``notebook.namespace.Payload``)
+namespace (inherited under fork, the names it reads under spawn: ``launch.payload.Payload``)
 plus ``rank``, ``local_rank``, ``world_size`` and ``device``, and returns ``CellValues``: the last
 expression's value and the ``--return`` names.
 

@@ -25,7 +25,7 @@ from ..launch.runner import launch
 from ..live import registry as live_registry
 from .cell import prepare_cell
 from .export import CellRecord, remember_cell
-from .magic_flags import SESSION_FLAGS
+from .magic_flags import FIXED_ON_LIVE, LIVE_CELL_SETTINGS, OnLiveCell, live_cell_flags
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,14 +125,8 @@ class LiveCells:
             request.body, cell_label=request.label, line_offset=request.line_offset, return_names=request.return_names
         )
         senders = set(chosen) if return_from == "all" else {chosen[0], return_from}
-        outcome = session.run_cell(
-            program,
-            return_from=tuple(sorted(senders)),
-            ranks=ranks,
-            output=self.arguments.get("output"),
-            progress=self.arguments.get("progress"),
-            timeout=self.arguments.get("timeout"),
-        )
+        per_cell = {key: self.arguments.get(key) for key in LIVE_CELL_SETTINGS}  # magic_flags: OnLiveCell.APPLIED
+        outcome = session.run_cell(program, return_from=tuple(sorted(senders)), ranks=ranks, **per_cell)
         return CellResult.gather(outcome.values, request, chosen, return_from)
 
 
@@ -188,7 +182,7 @@ def check_session_flags(session, arguments: dict, config: str | None) -> None:
             message=f"--config {config} contradicts the live session, started with config {session.config}. "
             "A live session's configuration is fixed: %distributed_stop, then %distributed_start with it. Nothing ran.",
         )
-    given = {k: v for k, v in arguments.items() if k in SESSION_FLAGS}
+    given = {k: v for k, v in arguments.items() if k in FIXED_ON_LIVE}
     if not given:
         return
     cell_cfg = resolve_config({**session.arguments, **given}, config=session.config)
@@ -200,13 +194,17 @@ def check_session_flags(session, arguments: dict, config: str | None) -> None:
         if key in ("backend", "start_method") and want == "auto":
             continue
         if want != have:
-            flag = SESSION_FLAGS[key]
+            flag = FIXED_ON_LIVE[key]
+            how = (
+                "Restart the session with other flags (%distributed_stop, %distributed_start) to change it."
+                if flag.live is OnLiveCell.SESSION
+                else f"The live ranks took it as they started: %distributed_stop, then %distributed_start with {key}: "
+                f"{want} in nblaunch.yaml (or kernelside.start({key}={want!r})) to change it."
+            )
             raise LaunchConfigError(
-                flag,
+                flag.names[0],
                 value,
                 None,
-                message=f"{flag} {value} contradicts the live session ({key} is {have!r} there: "
-                f"{session.describe()}). Per cell, only --return, --return-from, --output, --progress, --timeout and "
-                "--ranks can change. Restart the session with other flags (%distributed_stop, %distributed_start) "
-                "to change it. Nothing ran.",
+                message=f"{flag.names[0]} {value} contradicts the live session ({key} is {have!r} there: "
+                f"{session.describe()}). Per cell, only {live_cell_flags()} can change. {how} Nothing ran.",
             )

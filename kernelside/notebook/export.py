@@ -33,10 +33,10 @@ from ..config import resolve_config
 from ..config.launch_rules import DEFAULT_PORT, processes_per_machine
 from ..errors import LaunchConfigError
 from ..launch import hardware
+from ..launch.payload import cell_free_names
 from ..launch.plan import accelerate_env
 from .cell import ends_with_semicolon
 from .export_deps import Collector
-from .namespace import cell_free_names
 
 
 @dataclasses.dataclass

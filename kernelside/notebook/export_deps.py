@@ -1,5 +1,5 @@
 """The export transport of notebook names: for each name an exported script uses (which ones:
-``notebook.namespace``), an import line, a literal, the source of a notebook function or class (and
+``launch.payload``), an import line, a literal, the source of a notebook function or class (and
 what that uses in turn), or a value for the data pickle.
 
 Example::
@@ -20,7 +20,7 @@ import pickle
 import textwrap
 import types
 
-from .namespace import definition_refs, is_notebook_name
+from ..launch.payload import definition_refs, is_notebook_name
 
 _LITERAL_MAX = 2000  # longer literals go into the pickle instead of the script text
 

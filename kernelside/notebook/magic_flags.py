@@ -1,10 +1,12 @@
 """The flags of ``%%distributed`` and ``%distributed_start``, declared once.
 
 Each flag is one row of a table (in the spirit of ipyparallel's shared argument groups): its
-spelling, the schema key it sets, its help. ``launch_flags`` and ``cell_flags`` turn the rows into
-IPython ``magic_arguments`` (so ``%%distributed?`` prints them all); ``settings()`` reads parsed
-flags back under their schema names; ``SESSION_FLAGS`` (the settings a live session fixes) is
-derived from the same rows.
+spelling, the schema key it sets, its help, and what a live session's cell does with it (``live``).
+``launch_flags`` and ``cell_flags`` turn the rows into IPython ``magic_arguments`` (so ``%%distributed?``
+prints them all); ``settings()`` reads parsed flags back under their schema names. From the same rows:
+``SESSION_FLAGS`` (the settings a live session fixes), ``FIXED_ON_LIVE`` (every setting a live cell may
+not change), ``LIVE_CELL_SETTINGS`` (what a live cell passes to its request) and ``live_cell_flags()``
+(the words that list what a live cell may change).
 
 Example::
 
@@ -16,10 +18,19 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import enum
 
 from IPython.core.magic_arguments import argument, argument_group
 
 from ..config.launch_rules import arguments as config_arguments
+
+
+class OnLiveCell(enum.Enum):
+    """What a ``%%distributed`` cell that runs on a live session does with a flag it gives."""
+
+    APPLIED = "applied"  # applies to that cell, as in a one-shot cell
+    SESSION = "session"  # fixed by %distributed_start for the whole session: another value is refused
+    AT_START = "at start"  # the ranks took it as they started (nblaunch.yaml, kernelside.start): refused too
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,7 +38,7 @@ class Flag:
     names: tuple[str, ...]
     help: str
     key: str | None = None  # the schema key it sets (None: not a launch setting)
-    session: bool = False  # fixed for a whole live session: a cell that gives another value is refused
+    live: OnLiveCell = OnLiveCell.APPLIED  # what a live session's cell does with it
     type: type = str
     default: object = None
     dest: str | None = None
@@ -50,25 +61,28 @@ LAUNCH_FLAGS = (
         ("-n", "--num-processes"),
         "Number of workers (default: from nblaunch.yaml, else one per GPU, or 2 without GPUs).",
         key="num_processes",
-        session=True,
+        live=OnLiveCell.SESSION,
         type=int,
     ),
     Flag(
-        ("--backend",), "auto | nccl | gloo (auto: nccl when each rank has its own GPU).", key="backend", session=True
+        ("--backend",),
+        "auto | nccl | gloo (auto: nccl when each rank has its own GPU).",
+        key="backend",
+        live=OnLiveCell.SESSION,
     ),
     Flag(
         ("--start-method",),
         "auto | fork | forkserver | spawn (auto: fork unless CUDA is initialized here, else forkserver).",
         key="start_method",
-        session=True,
+        live=OnLiveCell.SESSION,
     ),
     Flag(
         ("--mixed-precision",),
         "no | fp16 | bf16 | fp8 (read by Accelerate in the workers).",
         key="mixed_precision",
-        session=True,
+        live=OnLiveCell.SESSION,
     ),
-    Flag(("--gpu-ids",), "GPUs to use: all, or indices such as 0,1.", key="gpu_ids", session=True),
+    Flag(("--gpu-ids",), "GPUs to use: all, or indices such as 0,1.", key="gpu_ids", live=OnLiveCell.SESSION),
     Flag(("--output",), "Whose output shows in the cell: rank0 | all | none.", key="output"),
     Flag(("--progress",), "Whose progress bars show: rank0 | all.", key="progress"),
     Flag(
@@ -77,12 +91,12 @@ LAUNCH_FLAGS = (
         key="timeout",
         type=float,
     ),
-    Flag(("--config",), "nblaunch.yaml to use instead of the one found.", metavar="PATH"),
+    Flag(("--config",), "nblaunch.yaml to use instead of the one found.", metavar="PATH", live=OnLiveCell.SESSION),
     Flag(
         ("--port",),
         "Rendezvous port (a free one is used if it is taken).",
         key="main_process_port",
-        session=True,
+        live=OnLiveCell.SESSION,
         type=int,
     ),
 )
@@ -93,6 +107,7 @@ CELL_FLAGS = (
         ("--metrics",),
         "on | off: whether Accelerate, Trainer, Lightning and TensorBoard logs draw the live chart.",
         key="metrics",
+        live=OnLiveCell.AT_START,  # a live rank captures the frameworks' loggers once, as it starts
     ),
     Flag(
         ("--return",),
@@ -106,7 +121,9 @@ CELL_FLAGS = (
         default="0",
         metavar="RANK|all",
     ),
-    Flag(("--engine",), "local | ray (Ray Train on the cluster at ray_address).", key="engine", session=True),
+    Flag(
+        ("--engine",), "local | ray (Ray Train on the cluster at ray_address).", key="engine", live=OnLiveCell.SESSION
+    ),
     Flag(
         ("--ranks",),
         "Live session only: run the cell on these ranks, e.g. 0 or 0,2 (default all).",
@@ -114,8 +131,31 @@ CELL_FLAGS = (
     ),
 )
 
+ALL_FLAGS = LAUNCH_FLAGS + CELL_FLAGS
 # schema key -> the flag that sets it, for the settings a live session fixes
-SESSION_FLAGS = {f.key: f.names[0] for f in LAUNCH_FLAGS + CELL_FLAGS if f.session}
+SESSION_FLAGS = {f.key: f.names[0] for f in ALL_FLAGS if f.key and f.live is OnLiveCell.SESSION}
+# schema key -> its flag, for every setting a live cell may not change (the session's, and what its ranks took)
+FIXED_ON_LIVE = {f.key: f for f in ALL_FLAGS if f.key and f.live is not OnLiveCell.APPLIED}
+# the settings a live cell passes to its request (``LiveSession.run_cell``'s keywords)
+LIVE_CELL_SETTINGS = tuple(f.key for f in ALL_FLAGS if f.key and f.live is OnLiveCell.APPLIED)
+
+
+def live_cell_flags() -> str:
+    """The flags a live session's cell may change, in words.
+
+    Example::
+
+        >>> live_cell_flags()
+        '--output, --progress, --timeout, --return, --return-from and --ranks'
+    """
+    names = [f.names[-1] for f in ALL_FLAGS if f.live is OnLiveCell.APPLIED]
+    return ", ".join(names[:-1]) + " and " + names[-1]
+
+
+def naming_live_cell_flags(fn):
+    """Write ``live_cell_flags()`` where a magic's help says ``LIVE_CELL_FLAGS`` (under ``@magic_arguments()``)."""
+    fn.__doc__ = fn.__doc__.replace("LIVE_CELL_FLAGS", live_cell_flags())
+    return fn
 
 
 def _flags(title: str, flags):
@@ -140,5 +180,5 @@ def settings(args) -> dict:
         {'num_processes': 2, 'main_process_port': 29512}
     """
     # under the flag's own name (port, not main_process_port): an invalid value's error names the flag as written
-    given = {f.attr: getattr(args, f.attr) for f in LAUNCH_FLAGS + CELL_FLAGS if f.key and hasattr(args, f.attr)}
+    given = {f.attr: getattr(args, f.attr) for f in ALL_FLAGS if f.key and hasattr(args, f.attr)}
     return config_arguments("flag", **given)

@@ -23,13 +23,13 @@ from .. import interrupts
 from ..config import resolve_config
 from ..config.launch_rules import arguments as config_arguments
 from ..errors import LaunchConfigError
+from ..kernel_shell import cell_label
 from ..launch.runner import last_report
 from ..live import registry as live_session
-from .cell_label import cell_label
 from .cell_targets import CellRequest, cell_target
 from .config_report import config_report
 from .export import CellRecord, export_cell, export_function, last_cell
-from .magic_flags import cell_flags, launch_flags, settings
+from .magic_flags import cell_flags, launch_flags, naming_live_cell_flags, settings
 
 
 def _names(spec: str | None) -> tuple[str, ...]:
@@ -53,6 +53,7 @@ def _return_from(spec: str) -> int | str:
 @magics_class
 class DistributedMagics(Magics):
     @magic_arguments()
+    @naming_live_cell_flags
     @launch_flags
     @cell_flags
     @cell_magic
@@ -67,7 +68,7 @@ class DistributedMagics(Magics):
         Live ranks: after ``%distributed_start -n 4`` (same flags as here), every ``%%distributed``
         cell runs on the same ranks, which keep their state: names a cell assigns stay on the ranks
         for later cells; other names come from the notebook's current value (sent only when changed).
-        Per cell, --return, --return-from, --output, --progress, --timeout and --ranks apply; a flag
+        Per cell, LIVE_CELL_FLAGS apply; a flag
         that contradicts the session (-n 8 on a 4-rank session) is an error. A failure or ■ stops the
         cell on every rank; ranks that come back keep their state, and a rank stuck in a collective
         means the session is restarted (said so in the error). ``%distributed_status``,

@@ -9,7 +9,7 @@ from the memfd named by ``NBLAUNCH_PAYLOAD_FD`` and the rank's ``RankSpec`` from
 
 Example::
 
-    >>> payload = Payload(work=(train, (), {}), spec=spec, parent_pid=os.getpid())   # doctest: +SKIP
+    >>> start = RankStart(work=(train, (), {}), spec=spec, parent_pid=os.getpid())   # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ SPAWN_COMMAND = "from kernelside.worker.entry import spawned_main; spawned_main(
 
 
 @dataclasses.dataclass
-class Payload:
-    """One local rank: what to run, its spec, and the launch's file descriptors."""
+class RankStart:
+    """How one local rank starts: what it runs, its spec, and the launch's file descriptors."""
 
     work: tuple  # (fn, args, kwargs); under spawn it travels separately, by memfd
     spec: RankSpec
@@ -60,7 +60,7 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _run_and_exit(p: Payload) -> None:
+def _run_and_exit(p: RankStart) -> None:
     if p.requests_fd >= 0:
         from .live_rank import serve_requests
 
@@ -87,7 +87,7 @@ def _end_wandb_service() -> None:
         print(f"nblaunch: wandb.teardown() at the end of the rank failed: {e!r}", file=sys.stderr)
 
 
-def enter_forked(p: Payload, out_fd: int, err_fd: int) -> None:
+def enter_forked(p: RankStart, out_fd: int, err_fd: int) -> None:
     """First thing a forked child does. Never returns."""
     try:
         os.setsid()  # own process group: the kernel's SIGINT does not reach us, and killpg reaches our children
@@ -110,7 +110,7 @@ def enter_forked(p: Payload, out_fd: int, err_fd: int) -> None:
     _run_and_exit(p)
 
 
-def spawn_env(p: Payload, memfd: int) -> dict:
+def spawn_env(p: RankStart, memfd: int) -> dict:
     """What a spawned rank reads at start, as environment variables (the transport, not the rank's env)."""
     return {
         SPEC_ENV: json.dumps(dataclasses.asdict(p.spec)),
@@ -149,7 +149,7 @@ def spawned_main() -> None:
     requests_fd = int(env.get(REQUESTS_FD_ENV, "-1"))
     replies_fd = int(env.get(REPLIES_FD_ENV, "-1"))
     _run_and_exit(
-        Payload(
+        RankStart(
             work=work,
             spec=spec,
             parent_pid=parent,

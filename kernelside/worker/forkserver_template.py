@@ -168,7 +168,7 @@ def _enter_rank(request: dict, fds: list[int], template_pid: int) -> None:
     """In the forked rank: the kernel's launch-time cwd, environment and sys.path, its pipes on fds 0-2,
     then the same start as a spawned rank (the work unpickled from the memfd). Never returns."""
     from ..channel import EventWriter
-    from .entry import Payload, _die_with_parent, _run_and_exit
+    from .entry import RankStart, _die_with_parent, _run_and_exit
     from .lifecycle import error_payload
     from .std_streams import flush_all, fresh_std_streams
 
@@ -209,7 +209,7 @@ def _enter_rank(request: dict, fds: list[int], template_pid: int) -> None:
         events.send("error", error_payload(e, "unpickle"))
         flush_all()
         os._exit(1)
-    payload = Payload(
+    payload = RankStart(
         work=work,
         spec=request["spec"],
         parent_pid=template_pid,

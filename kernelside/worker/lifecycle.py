@@ -25,6 +25,7 @@ import threading
 import time
 import traceback
 
+from ..short_traceback import is_nblaunch_file
 from . import (
     accelerate_ranks,
     context,
@@ -43,8 +44,6 @@ from . import (
 )
 from .context import stamp
 from .results import dumps_result, unwrap_for_return
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclasses.dataclass
@@ -131,7 +130,7 @@ def error_payload(exc: BaseException, phase: str) -> dict:
 def _user_traceback(exc: BaseException) -> str:
     """The formatted traceback without nblaunch's own frames at the top."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_PACKAGE_DIR + os.sep):
+    while tb is not None and is_nblaunch_file(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(exc), exc, tb or exc.__traceback__))
 

@@ -15,10 +15,10 @@ Example (in a rank, serving the kernel's ``debug`` request)::
 
 from __future__ import annotations
 
-import os
 import pdb
 
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/
+from ..short_traceback import is_nblaunch_file
+
 # One rank serves one session: its last failure is what %debug opens (IPython keeps sys.last_traceback too).
 _last: dict = {"req": None, "tb": None}
 
@@ -30,7 +30,7 @@ def keep(req_id: int, exc: BaseException) -> None:
 
 def user_traceback(tb):
     """The traceback from the first frame that is not nblaunch's own (the cell, or the user's function)."""
-    while tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OWN):
+    while tb is not None and is_nblaunch_file(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb
 

@@ -39,11 +39,11 @@ import socket
 import sys
 import threading
 
+from ..short_traceback import is_nblaunch_file
 from . import group_owner
 
 PEER_LOSS = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")  # gloo's words
 WAIT_REPORT_S = 1.0  # a collective waited in this long is reported (mismatch detection)
-_OWN = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # kernelside/: never "the user's line"
 _COLLECTIVE_FILES = ("distributed_c10d.py", "c10d_logger.py")
 # the generation of the default group this process is on: 0, the one made at its start; ``rebuild_group``'s
 # ``gen`` after it (said in ``where`` answers and ``idle`` events: ranks on different groups never meet)
@@ -90,7 +90,7 @@ def where_main(frame=None, detail: bool = True) -> dict:
     line = None
     for f in stack:  # innermost first, up to nblaunch's own frames (what is outside them is not this request's)
         path = f.f_code.co_filename
-        if path.startswith(_OWN):
+        if is_nblaunch_file(path):
             break
         if "/torch/" in path or "/site-packages/" in path or "/lib/python" in path:
             continue

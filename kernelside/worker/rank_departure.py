@@ -14,17 +14,15 @@ Example::
 
 from __future__ import annotations
 
-import os
 import traceback
 
+from ..short_traceback import is_nblaunch_file
 from .context import stamp
-
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def announce(events, exc: SystemExit) -> None:
     """(rank) Tell the kernel this rank is leaving on its own, and from where."""
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_PACKAGE_DIR + os.sep)]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not is_nblaunch_file(f.filename)]
     code = exc.code if isinstance(exc.code, int) else 0
     where = f"sys.exit({exc.code if exc.code is not None else ''})"
     if frames:

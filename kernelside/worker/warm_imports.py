@@ -1,6 +1,6 @@
 """What a rank would otherwise import on its first DDP construction, imported ahead of time.
 
-The kernel imports it in the background before it forks ranks (``launch.warmup``), and the forkserver's
+The kernel imports it in the background before it forks ranks (``engines.warmup``), and the forkserver's
 template before it forks any (``worker.forkserver_template``): one list for both.
 
 Example::
