@@ -1,4 +1,10 @@
-"""Shared fixtures: every test checks that it left no worker process, fd or port behind."""
+"""Shared fixtures: kernels for the tests that drive one (``kernel``, ``kernel_with``, ``new_kernel``), marked
+``kernel`` by themselves; and every test checks that it left no worker process, fd or port behind.
+
+A test that asks for a kernel fixture, directly or through one of its own fixtures, is marked ``kernel`` at
+collection, so ``make test-fast`` (``pytest -m "not kernel"``) leaves it out; a test that starts a kernel any other
+way without that mark fails at once with the reason (``_refuse_unmarked_kernels``).
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,8 @@ import socket
 
 import psutil
 import pytest
+from jupyter_client.provisioning.local_provisioner import LocalProvisioner
+from kernel import Kernel
 from local_user import other_user  # noqa: F401 - the fixture (a second local user), for the tests that ask for it
 
 GPU_TESTS = pathlib.Path(__file__).parent / "gpu"
@@ -25,6 +33,96 @@ def pytest_ignore_collect(collection_path, config):
     return True
 
 
+# --- kernels ------------------------------------------------------------------------------------------------------
+KERNEL_FIXTURES = frozenset({"kernel_with", "new_kernel"})  # every kernel fixture is built on one of these
+KERNEL_MARK = "kernel"
+
+
+class KernelStarter:
+    """Starts kernels for one fixture's lifetime; ``shutdown_all`` ends each one it started."""
+
+    def __init__(self):
+        self.started: list[Kernel] = []
+
+    def __call__(self, *setup: str, load_ext: bool = True, timeout: float = 120, cwd=None, env=None) -> Kernel:
+        """A kernel (``cwd``: its working directory, default the repository; ``env``: added to this environment)
+        that has run ``%load_ext kernelside`` in its first cell (unless ``load_ext=False``), then each ``setup``
+        cell in order, each of which must succeed within ``timeout`` seconds."""
+        k = Kernel(cwd=None if cwd is None else os.fspath(cwd), env=env)
+        self.started.append(k)
+        for code in ("%load_ext kernelside",) * load_ext + setup:
+            k.run(code, timeout=timeout).ok()
+        return k
+
+    def shutdown_all(self) -> None:
+        while self.started:
+            self.started.pop().shutdown()
+
+
+@pytest.fixture(scope="module")
+def kernel_with():
+    """``kernel_with(*setup, load_ext=True, timeout=120, cwd=None, env=None)``: a kernel for the whole module, shut
+    down after its last test. A module's own ``kernel`` fixture is three lines::
+
+        @pytest.fixture(scope="module")
+        def kernel(kernel_with):
+            return kernel_with("import time")
+    """
+    starter = KernelStarter()
+    yield starter
+    starter.shutdown_all()
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel_with):
+    """A module's kernel with nblaunch's extension loaded and nothing else (a module overrides it with its own)."""
+    return kernel_with()
+
+
+@pytest.fixture
+def new_kernel():
+    """``new_kernel(...)``, as ``kernel_with``: a kernel of this test's own, shut down when the test ends."""
+    starter = KernelStarter()
+    yield starter
+    starter.shutdown_all()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Marks ``kernel`` every test that asks for a kernel fixture, however indirectly (its fixture closure)."""
+    for item in items:
+        if KERNEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(KERNEL_MARK)
+
+
+_current_test: list = [None]  # the test being set up, run or torn down: the one a kernel start belongs to
+_launch_kernel = LocalProvisioner.launch_kernel
+
+
+async def _refuse_unmarked_kernels(self, cmd, **kwargs):
+    """Every kernel a test starts in this process (``Kernel``, nbclient, papermill) is launched through here."""
+    item = _current_test[0]
+    if item is not None and item.get_closest_marker(KERNEL_MARK) is None:
+        raise RuntimeError(
+            f"{item.nodeid} starts a kernel but is not marked {KERNEL_MARK!r}, so `make test-fast` would run it: "
+            "ask for the `kernel`, `kernel_with` or `new_kernel` fixture (tests/conftest.py), or mark it "
+            f"@pytest.mark.{KERNEL_MARK}"
+        )
+    return await _launch_kernel(self, cmd, **kwargs)
+
+
+LocalProvisioner.launch_kernel = _refuse_unmarked_kernels
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _current_test[0] = item
+    try:
+        return (yield)
+    finally:
+        _current_test[0] = None
+
+
+# --- leaks ----------------------------------------------------------------------------------------------------------
 def open_fds() -> set[int]:
     return {int(fd) for fd in os.listdir("/proc/self/fd")}
 

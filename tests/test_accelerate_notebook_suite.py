@@ -170,13 +170,8 @@ def test_accelerates_distributed_script_passes_under_notebook_launcher_as_under_
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    from kernel import Kernel
-
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("peer_cell")))
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("peer_cell"))
 
 
 @pytest.mark.parametrize("name", list(PEER_SCRIPTS))

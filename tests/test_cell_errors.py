@@ -14,11 +14,8 @@ NBLAUNCH_FRAME = re.compile(r"kernelside[/\\]|site-packages[/\\]|selectors\.py")
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport time").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with("import time")
 
 
 def _text(cell) -> str:

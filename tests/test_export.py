@@ -64,12 +64,8 @@ t = torch.tensor([loss.item()]); dist.all_reduce(t)
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    k.run(NOTEBOOK).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(NOTEBOOK)
 
 
 def _torchrun(shown: str, cwd) -> str:

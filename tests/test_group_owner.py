@@ -51,11 +51,8 @@ GROUP_TIMEOUTS = (
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("group_owner")))
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("group_owner"))
 
 
 def test_end_training_in_distributed_cells_never_hangs(kernel):

@@ -41,11 +41,8 @@ def fit(name, strategy):
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("lightning_demos")))
-    k.run("%load_ext kernelside\n" + SETUP).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(SETUP, cwd=tmp_path_factory.mktemp("lightning_demos"))
 
 
 @pytest.mark.parametrize("demo", ["boring", "transformer"])

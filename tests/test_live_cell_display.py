@@ -14,13 +14,10 @@ from kernelside.display.deferred_display import SHOW_AFTER_S
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport time\nfrom kernelside import progress, log_metrics").ok()
-    k.run("%distributed_start -n 2", timeout=180).ok()
+def kernel(kernel_with):
+    k = kernel_with("import time\nfrom kernelside import progress, log_metrics", "%distributed_start -n 2", timeout=180)
     yield k
     k.run("%distributed_stop").ok()
-    k.shutdown()
 
 
 def _widget_models(cell) -> list[str]:

@@ -55,14 +55,6 @@ def test_the_ended_run_gets_a_smoothing_control_with_every_weight_precomputed():
     assert re.search(r'name="(nbl-smooth-[0-9a-f]+)"', other).group(1) != values[0][0]  # charts apart
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
-
-
 def test_the_chart_updates_at_most_twice_a_second_however_fast_ranks_log(kernel):
     updates = []
     t0 = time.monotonic()

@@ -78,18 +78,15 @@ MIXED = [
 
 
 @pytest.mark.timeout(300)
-def test_ten_cell_mixed_notebook_runs_top_to_bottom_twice_in_one_kernel(tmp_path):
-    k = Kernel(cwd=str(tmp_path))
-    try:
-        for round_ in range(2):
-            cells = [k.run(code).ok() for code in MIXED]
-            assert cells[3].stdout == "total 4.0\n"
-            assert cells[6].stdout == "scaled [10, 20]\n"
-            assert cells[7].result["text/plain"] == "3"
-            assert cells[8].stdout == "fn 40\n"
-            assert "outcome='ok'" in cells[9].result["text/plain"], round_
-    finally:
-        k.shutdown()
+def test_ten_cell_mixed_notebook_runs_top_to_bottom_twice_in_one_kernel(tmp_path, new_kernel):
+    k = new_kernel(load_ext=False, cwd=str(tmp_path))
+    for round_ in range(2):
+        cells = [k.run(code).ok() for code in MIXED]
+        assert cells[3].stdout == "total 4.0\n"
+        assert cells[6].stdout == "scaled [10, 20]\n"
+        assert cells[7].result["text/plain"] == "3"
+        assert cells[8].stdout == "fn 40\n"
+        assert "outcome='ok'" in cells[9].result["text/plain"], round_
 
 
 def test_papermill_runs_a_magic_notebook_with_parameters(tmp_path):

@@ -12,12 +12,12 @@ from kernel import REPO, Kernel
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("display")))
+def kernel(kernel_with, tmp_path_factory):
     # as a notebook would: IPython's display names imported in a cell before the launch
-    k.run("%load_ext kernelside\nfrom IPython.display import display, update_display, clear_output, HTML").ok()
-    yield k
-    k.shutdown()
+    return kernel_with(
+        "from IPython.display import display, update_display, clear_output, HTML",
+        cwd=tmp_path_factory.mktemp("display"),
+    )
 
 
 def _rank_outputs(cell):

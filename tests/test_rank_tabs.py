@@ -14,14 +14,6 @@ print(f"warning from rank {rank}", file=sys.stderr)
 """
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
-
-
 def _states(cell) -> dict:
     """Each widget's latest state, by comm id, from the cell's comm messages."""
     out: dict = {}

@@ -41,12 +41,8 @@ def no_dist_refs(obj):
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    k.run(SETUP).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(SETUP)
 
 
 def _lines(cell) -> list[str]:

@@ -17,11 +17,8 @@ pytestmark = pytest.mark.usefixtures("gpu_left_clean")
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("gpu-debugger")))
-    k.run("%load_ext kernelside", timeout=120).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("gpu-debugger"))
 
 
 def _answers(*values):

@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_runs_routes import REPO, fetch, run_base, state_of, wait_blocking, wait_for  # noqa: F401 - run_base: fixture
+from harness import REPO, fetch, state_of, wait_until, wait_until_async
 
 from jupyter_ext.rank_resources import is_that_process
 
@@ -32,7 +32,7 @@ async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cel
         start_new_session=True,
     )
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
         code, runs = await fetch(jp_fetch)
         assert code == 200
         (run,) = [r for r in runs if r["id"] == state["id"]]
@@ -44,9 +44,9 @@ async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cel
         sent = time.monotonic()
         code, reply = await fetch(jp_fetch, state["id"], "stop", method="POST")
         assert code == 200 and reply["stopping"] is True
-        await wait_for(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
+        await wait_until_async(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
         ranks = state_of(run_base)["ranks"]
-        await wait_for(lambda: not any(is_that_process(r["pid"], r["pid_start"]) for r in ranks), 5, "ranks gone")
+        await wait_until_async(lambda: not any(is_that_process(r["pid"], r["pid_start"]) for r in ranks), 5, "ranks gone")
         assert time.monotonic() - sent < 2.0
         code, detail = await fetch(jp_fetch, state["id"])
         assert detail["state"] == "stopped" and not detail["can_stop"]

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runs_routes import REPO, fetch, forge_run, run_base, state_of, wait_blocking  # noqa: F401 - fixture
+from harness import REPO, fetch, forge_run, state_of, wait_until
 
 OWNER = Path(__file__).with_name("stacks_owner.py")
 
@@ -33,9 +33,9 @@ def barrier_run(run_base, jp_root_dir):  # noqa: F811 - the fixture imported abo
         start_new_session=True,
     )
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
         folder = run_base / state["id"]
-        wait_blocking(
+        wait_until(
             lambda: (
                 all("in place" in (folder / f"rank{r}.log").read_text() for r in (0, 1))
                 if all((folder / f"rank{r}.log").exists() for r in (0, 1))
@@ -104,7 +104,7 @@ async def test_stacks_of_an_idle_live_session_show_each_rank_waiting_for_its_nex
         start_new_session=True,
     )
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
         t0 = time.monotonic()
         code, answer = await fetch(jp_fetch, state["id"], "stacks", method="POST")
         assert code == 200, answer
