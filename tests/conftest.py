@@ -3,7 +3,8 @@
 
 A test that asks for a kernel fixture, directly or through one of its own fixtures, is marked ``kernel`` at
 collection, so ``make test-fast`` (``pytest -m "not kernel"``) leaves it out; a test that starts a kernel any other
-way without that mark fails at once with the reason (``_refuse_unmarked_kernels``).
+way without that mark (``Kernel``, nbclient, papermill, a driver script's ``Kernel``) fails at once with the reason
+(``refuse_kernel_in_unmarked_test``). A test whose kernels another program starts (``jupyter lab``) is marked by hand.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import socket
 import psutil
 import pytest
 from jupyter_client.provisioning.local_provisioner import LocalProvisioner
-from kernel import Kernel
+from kernel import UNMARKED_TEST_ENV, Kernel, refuse_kernel_in_unmarked_test
 from local_user import other_user  # noqa: F401 - the fixture (a second local user), for the tests that ask for it
 
 GPU_TESTS = pathlib.Path(__file__).parent / "gpu"
@@ -34,7 +35,7 @@ def pytest_ignore_collect(collection_path, config):
 
 
 # --- kernels ------------------------------------------------------------------------------------------------------
-KERNEL_FIXTURES = frozenset({"kernel_with", "new_kernel"})  # every kernel fixture is built on one of these
+KERNEL_FIXTURES = frozenset({"kernel_with", "new_kernel", "starts_kernels"})  # every kernel fixture asks one
 KERNEL_MARK = "kernel"
 
 
@@ -87,6 +88,12 @@ def new_kernel():
     starter.shutdown_all()
 
 
+@pytest.fixture(scope="session")
+def starts_kernels():
+    """Asked for by a fixture that starts kernels another way (nbclient, papermill, a driver script, ``jupyter
+    lab``), so that its tests are marked ``kernel`` too."""
+
+
 def pytest_collection_modifyitems(config, items):
     """Marks ``kernel`` every test that asks for a kernel fixture, however indirectly (its fixture closure)."""
     for item in items:
@@ -94,19 +101,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(KERNEL_MARK)
 
 
-_current_test: list = [None]  # the test being set up, run or torn down: the one a kernel start belongs to
 _launch_kernel = LocalProvisioner.launch_kernel
 
 
 async def _refuse_unmarked_kernels(self, cmd, **kwargs):
-    """Every kernel a test starts in this process (``Kernel``, nbclient, papermill) is launched through here."""
-    item = _current_test[0]
-    if item is not None and item.get_closest_marker(KERNEL_MARK) is None:
-        raise RuntimeError(
-            f"{item.nodeid} starts a kernel but is not marked {KERNEL_MARK!r}, so `make test-fast` would run it: "
-            "ask for the `kernel`, `kernel_with` or `new_kernel` fixture (tests/conftest.py), or mark it "
-            f"@pytest.mark.{KERNEL_MARK}"
-        )
+    """Every kernel started in this process (``Kernel``, nbclient, papermill) is launched through here."""
+    refuse_kernel_in_unmarked_test()
     return await _launch_kernel(self, cmd, **kwargs)
 
 
@@ -115,11 +115,16 @@ LocalProvisioner.launch_kernel = _refuse_unmarked_kernels
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    _current_test[0] = item
+    """While a test not marked ``kernel`` is set up, runs and is torn down, no kernel may start: not in this
+    process, nor in a driver script it runs (``tests/kernel.py`` reads the same variable there)."""
+    unmarked = item.get_closest_marker(KERNEL_MARK) is None
+    if unmarked:
+        os.environ[UNMARKED_TEST_ENV] = item.nodeid
     try:
         return (yield)
     finally:
-        _current_test[0] = None
+        if unmarked:
+            os.environ.pop(UNMARKED_TEST_ENV, None)
 
 
 # --- leaks ----------------------------------------------------------------------------------------------------------

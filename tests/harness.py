@@ -63,7 +63,7 @@ async def wait_until_async(condition, timeout: float = 60.0, what: str = "condit
         await asyncio.sleep(POLL_S)
 
 
-# --- a run's control socket --------------------------------------------------------------------------------------------
+# --- a run's control socket ----------------------------------------------------------------------------------------
 def send_stop(run_dir: Path) -> dict:
     """Asks the run in ``run_dir`` to stop over its control socket, as the panel's Stop does; its answer."""
     dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)  # pytest's folders can be too long for sun_path

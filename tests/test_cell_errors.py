@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernel import Kernel
 
 FAILING = "%%distributed -n 2\nx = 1\nraise ValueError('cell count check')\n"
 NBLAUNCH_FRAME = re.compile(r"kernelside[/\\]|site-packages[/\\]|selectors\.py")

@@ -12,10 +12,11 @@ import pytest
 from harness import ALIAS_BOMB, HOSTILE
 
 from kernelside import notebook_launcher
-from kernelside.config import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES, resolve_config
+from kernelside.config import MAX_CONFIG_BYTES, MAX_DEPTH, resolve_config
 from kernelside.errors import LaunchConfigError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
+
 
 def touch(path):
     open(path, "w").close()

@@ -20,7 +20,6 @@ import sys
 
 import pytest
 import yaml
-from kernel import Kernel
 from reference_scripts import LEAVE
 
 from kernelside import notebook_launcher

@@ -6,7 +6,6 @@ import shlex
 import sys
 
 import pytest
-from kernel import Kernel
 from netns import run_isolated
 
 NOTEBOOK = """

@@ -20,8 +20,8 @@ import time
 
 import psutil
 import pytest
-from kernel import Kernel
 from harness import send_stop
+from kernel import Kernel
 
 SETUP = """
 import os, sys, time, json, signal

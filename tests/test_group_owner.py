@@ -5,7 +5,6 @@ a working group. The 200-launch soak is ``bench/end_training_soak.py``; here, a 
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 from bench.end_training_soak import CELL, train_and_end
 from kernelside import notebook_launcher

@@ -20,7 +20,6 @@ import time
 
 import pytest
 from interrupt_storm import aftermath, left_behind, printed, shown, shown_internals, shown_widget, started, storm
-from kernel import Kernel
 
 from kernelside import interrupts
 

@@ -22,7 +22,9 @@ def rank_sum():
 @pytest.fixture(scope="module")
 def kernel(kernel_with):
     return kernel_with(
-        "from kernelside import notebook_launcher, last_report\nimport os, time, signal, threading", RANK_SUM, load_ext=False
+        "from kernelside import notebook_launcher, last_report\nimport os, time, signal, threading",
+        RANK_SUM,
+        load_ext=False,
     )
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel import Kernel
 
 SETUP = """
 import torch, lightning as L

@@ -8,7 +8,6 @@ TQDMProgressBar already does); a RichProgressBar asked for by name prints its fi
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 FIT = """%%distributed -n 2 --return bar
 import torch, lightning as L

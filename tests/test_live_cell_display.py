@@ -8,7 +8,6 @@ past ``SHOW_AFTER_S`` draws the status line, bars and chart as a one-shot launch
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 from kernelside.display.deferred_display import SHOW_AFTER_S
 

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-from kernel import Kernel
 from harness import send_stop
 
 from jupyter_ext.rank_resources import is_that_process

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from kernel import Kernel, run_terminal_ipython
+from kernel import run_terminal_ipython
 
 NET = """
 import torch

@@ -9,7 +9,6 @@ import re
 import time
 
 import pytest
-from kernel import Kernel
 
 from kernelside.display.chart_scales import ema
 from kernelside.display.metrics_chart import MetricsChart

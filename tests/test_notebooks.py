@@ -6,11 +6,13 @@ import importlib.util
 import os
 
 import pytest
-from kernel import REPO, Kernel
+from kernel import REPO
 
 spec = importlib.util.spec_from_file_location("execute_nb", os.path.join(REPO, "notebooks", "execute.py"))
 execute_nb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(execute_nb)
+
+pytestmark = pytest.mark.kernel  # every test here runs a notebook in a kernel (nbclient, papermill)
 
 
 def _text(nb) -> str:

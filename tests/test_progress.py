@@ -65,7 +65,7 @@ print("widgets added", len(_instances) - before)
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+def executed(starts_kernels, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("progress")
     return _run_notebook(
         tmp,

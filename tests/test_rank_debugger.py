@@ -5,7 +5,6 @@ breakpoint() and torch.distributed.breakpoint(rank=N) on rank 1, two ranks stopp
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from kernel import REPO, Kernel
+from kernel import REPO
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ that only make sense from inside a rank: a nested launch, and a rank that left o
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 LIGHTNING_MODULE = """
 import torch, lightning as L

@@ -3,9 +3,6 @@ holds its rank's stdout and stderr; without widgets the lines stay [rank N]-pref
 
 from __future__ import annotations
 
-import pytest
-from kernel import Kernel
-
 CELL = """%%distributed -n 2 --output all
 import sys
 for i in range(3):

@@ -17,7 +17,7 @@ from netns import run_isolated
 
 
 @pytest.fixture(scope="module")
-def shown():
+def shown(starts_kernels):
     proc = run_isolated([sys.executable, os.path.join(REPO, "tests", "ray_driver.py")], timeout=420)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -9,18 +9,9 @@ The test stops the server by its pid.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import secrets
-import signal
-import subprocess
-import sys
-import threading
-import urllib.request
-
 import pytest
 from harness import SERVER_START_TIMEOUT_S, JupyterServer
+
 
 @pytest.fixture
 def server(tmp_path):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernel import Kernel
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import os
 
 import pytest
 import yaml
-from kernel import Kernel
 
 import kernelside
 from jupyter_ext.config_store import ConfigStore

@@ -11,7 +11,6 @@ rank 1 from two GPUs on, the only rank on one GPU. Rank 1 with peers on one card
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 pytestmark = pytest.mark.usefixtures("gpu_left_clean")
 

@@ -13,8 +13,8 @@ import socket
 import threading
 
 import pytest
-from jupyter_server.auth import Authorizer
 from harness import fetch, forge_run
+from jupyter_server.auth import Authorizer
 from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 

@@ -46,7 +46,9 @@ async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cel
         assert code == 200 and reply["stopping"] is True
         await wait_until_async(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
         ranks = state_of(run_base)["ranks"]
-        await wait_until_async(lambda: not any(is_that_process(r["pid"], r["pid_start"]) for r in ranks), 5, "ranks gone")
+        await wait_until_async(
+            lambda: not any(is_that_process(r["pid"], r["pid_start"]) for r in ranks), 5, "ranks gone"
+        )
         assert time.monotonic() - sent < 2.0
         code, detail = await fetch(jp_fetch, state["id"])
         assert detail["state"] == "stopped" and not detail["can_stop"]

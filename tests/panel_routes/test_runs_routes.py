@@ -4,13 +4,11 @@ launches owned by another process (``run_owner.py``) and over forged run folders
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -108,7 +106,9 @@ async def test_log_tail_returns_the_last_lines_and_offset_follows_the_run(jp_fet
     lines = tail["text"].splitlines()
     assert len(lines) == 3 and all(line.startswith("rank 1 line ") for line in lines)
     assert tail["end"] == tail["size"]
-    await wait_until_async(lambda: (run_base / owner.run_id / "rank1.log").stat().st_size > tail["end"], what="more output")
+    await wait_until_async(
+        lambda: (run_base / owner.run_id / "rank1.log").stat().st_size > tail["end"], what="more output"
+    )
     code, more = await fetch(jp_fetch, owner.run_id, "ranks", "1", "log", params={"offset": str(tail["end"])})
     assert code == 200 and more["start"] == tail["end"] and more["text"].startswith("rank 1 line ")
     last = int(lines[-1].split()[-1])
