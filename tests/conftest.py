@@ -1,10 +1,16 @@
-"""Shared fixtures: kernels for the tests that drive one (``kernel``, ``kernel_with``, ``new_kernel``), marked
-``kernel`` by themselves; and every test checks that it left no worker process, fd or port behind.
+"""Shared fixtures: kernels for the tests that drive one (``kernel``, ``kernel_with``, ``new_kernel``), the two
+layers of the suite, and the check that a launch left no worker process, fd or port behind.
 
-A test that asks for a kernel fixture, directly or through one of its own fixtures, is marked ``kernel`` at
-collection, so ``make test-fast`` (``pytest -m "not kernel"``) leaves it out; a test that starts a kernel any other
-way without that mark (``Kernel``, nbclient, papermill, a driver script's ``Kernel``) fails at once with the reason
-(``refuse_kernel_in_unmarked_test``). A test whose kernels another program starts (``jupyter lab``) is marked by hand.
+The layers: ``make test-fast`` (``pytest -m "not processes"``) runs every test that starts no other process, in
+seconds; ``make test`` runs them all. Two marks say which is which, and neither can be forgotten:
+
+- ``kernel``: set at collection on every test that asks for a kernel fixture, directly or through one of its own
+  fixtures (``starts_kernels`` is the one a fixture asks for when it starts kernels another way: nbclient,
+  papermill, a driver script, ``jupyter lab``). A test that starts a kernel without the mark fails with the reason,
+  in pytest's process or in a driver script (``kernel.refuse_kernel_in_unmarked_test``).
+- ``processes``: set on every ``kernel`` test and every test that asks for ``no_leaks`` (a launch) or
+  ``starts_processes`` (what a fixture asks for when it starts ranks, a server or torchrun); a test that starts
+  them itself carries ``@pytest.mark.processes``.
 """
 
 from __future__ import annotations
@@ -35,8 +41,9 @@ def pytest_ignore_collect(collection_path, config):
 
 
 # --- kernels ------------------------------------------------------------------------------------------------------
+KERNEL_MARK, PROCESSES_MARK = "kernel", "processes"
 KERNEL_FIXTURES = frozenset({"kernel_with", "new_kernel", "starts_kernels"})  # every kernel fixture asks one
-KERNEL_MARK = "kernel"
+PROCESS_FIXTURES = KERNEL_FIXTURES | {"warmed_launcher", "starts_processes"}  # no_leaks asks for warmed_launcher
 
 
 class KernelStarter:
@@ -94,11 +101,22 @@ def starts_kernels():
     lab``), so that its tests are marked ``kernel`` too."""
 
 
+@pytest.fixture(scope="session")
+def starts_processes():
+    """Asked for by a fixture that starts other processes (ranks, a server, torchrun, a driver), so that its tests
+    are marked ``processes`` and ``make test-fast`` leaves them out."""
+
+
+# --- the layers --------------------------------------------------------------------------------------------------
 def pytest_collection_modifyitems(config, items):
-    """Marks ``kernel`` every test that asks for a kernel fixture, however indirectly (its fixture closure)."""
+    """Marks ``kernel`` every test that asks for a kernel fixture, however indirectly (its fixture closure), and
+    ``processes`` every kernel test and every test that asks for ``no_leaks`` or ``starts_processes``."""
     for item in items:
-        if KERNEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if KERNEL_FIXTURES & fixtures:
             item.add_marker(KERNEL_MARK)
+        if item.get_closest_marker(KERNEL_MARK) is not None or PROCESS_FIXTURES & fixtures:
+            item.add_marker(PROCESSES_MARK)
 
 
 _launch_kernel = LocalProvisioner.launch_kernel
@@ -117,13 +135,13 @@ LocalProvisioner.launch_kernel = _refuse_unmarked_kernels
 def pytest_runtest_protocol(item, nextitem):
     """While a test not marked ``kernel`` is set up, runs and is torn down, no kernel may start: not in this
     process, nor in a driver script it runs (``tests/kernel.py`` reads the same variable there)."""
-    unmarked = item.get_closest_marker(KERNEL_MARK) is None
-    if unmarked:
+    no_kernel = item.get_closest_marker(KERNEL_MARK) is None
+    if no_kernel:
         os.environ[UNMARKED_TEST_ENV] = item.nodeid
     try:
         return (yield)
     finally:
-        if unmarked:
+        if no_kernel:
             os.environ.pop(UNMARKED_TEST_ENV, None)
 
 

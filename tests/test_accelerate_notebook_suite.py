@@ -36,6 +36,8 @@ CASES = [
     "test_monitoring",
 ]
 
+pytestmark = pytest.mark.processes  # every test here launches ranks (torchrun, notebook_launcher)
+
 
 @pytest.fixture(scope="module")
 def suite():

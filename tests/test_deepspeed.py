@@ -85,7 +85,7 @@ def train_from_config():
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(starts_processes, tmp_path_factory):
     """The config files, and what the real `accelerate launch` trained with them (both stages at once)."""
     root = tmp_path_factory.mktemp("deepspeed")
     (root / "train.py").write_text(SCRIPT + LEAVE)  # (its exit is not compared: reference_scripts.py)

@@ -11,6 +11,8 @@ from kernelside import notebook_launcher
 
 LAUNCHES = 12
 
+pytestmark = pytest.mark.processes  # every test here launches ranks
+
 
 def test_end_training_after_an_accelerate_prepared_model_never_hangs_a_launch():
     # before nblaunch kept the group, most of these launches hung at the rank's exit (bench/README.md)

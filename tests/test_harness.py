@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.processes  # each case runs a pytest of its own
+
 TESTS = Path(__file__).resolve().parent
 
 ASKS_FOR_KERNELS = """

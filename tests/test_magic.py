@@ -146,6 +146,7 @@ def test_distributed_config_says_where_each_value_comes_from(tmp_path, new_kerne
     assert "exit code 0" in last["text/plain"] and "| 2 |" in last["text/markdown"]
 
 
+@pytest.mark.processes
 def test_magic_works_in_plain_terminal_ipython(tmp_path):
     script = tmp_path / "run.ipy"
     # a terminal IPython shell runs the file; each run_cell is one cell, as typed at the prompt

@@ -192,6 +192,7 @@ if rank == 0:
     assert "not shown here" not in cell.stdout
 
 
+@pytest.mark.processes
 def test_a_rank_that_imports_ipython_after_start_up_still_sends_rich_output():
     # a spawned rank in text mode has not imported IPython when nblaunch sets it up: the display
     # functions are replaced when the rank's code first imports them

@@ -14,7 +14,7 @@ from harness import SERVER_START_TIMEOUT_S, JupyterServer
 
 
 @pytest.fixture
-def server(tmp_path):
+def server(starts_processes, tmp_path):
     srv = JupyterServer(str(tmp_path))
     try:
         assert srv.running.wait(SERVER_START_TIMEOUT_S) and srv.port, "".join(srv.log[-30:])

@@ -17,7 +17,8 @@ from jupyter_ext.rank_resources import is_that_process
 OWNER = Path(__file__).with_name("live_owner.py")
 
 
-async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cells_ends_it(jp_fetch, run_base):  # noqa: F811
+@pytest.mark.processes
+async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cells_ends_it(jp_fetch, run_base):
     env = dict(os.environ, TMPDIR=str(run_base.parent))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("NBLAUNCH_CONFIG", None)

@@ -34,7 +34,7 @@ class Owner:
 
 
 @pytest.fixture
-def owner(run_base, jp_root_dir):
+def owner(starts_processes, run_base, jp_root_dir):
     """A live 2-rank run (600 lines per rank, 0.1 s apart) owned by another process, as a kernel of
     this server's (Jupyter names the notebook by its full path) would own it."""
     notebook = jp_root_dir / "work" / "demo.ipynb"
@@ -160,7 +160,7 @@ async def test_stop_on_a_run_that_has_ended_is_refused_with_the_reason(jp_fetch,
 
 
 @pytest.fixture
-def stranger():
+def stranger(starts_processes):
     """A process of this test's that a forged state file names as a rank and as the kernel."""
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     yield process
