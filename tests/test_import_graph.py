@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import os
 
+import pytest
+
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernelside")
 
 

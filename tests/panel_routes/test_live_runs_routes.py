@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from harness import REPO, fetch, state_of, wait_until, wait_until_async
 
 from jupyter_ext.rank_resources import is_that_process
