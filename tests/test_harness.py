@@ -1,6 +1,8 @@
 """The test harness itself (tests/conftest.py): a test that asks for a kernel fixture, however indirectly, is
-marked ``kernel`` and so left out of ``make test-fast``; a test that starts a kernel without that mark fails with
-the reason, whichever way it starts one. Each case runs the real conftest in a pytest of its own."""
+marked ``kernel``, and one that asks for a launch (``no_leaks``) or ``starts_processes`` is marked ``processes``
+like every kernel test, so ``make test-fast`` (``-m "not processes"``) leaves them out; a test that starts a kernel
+without the mark fails with the reason, whichever way it starts one. Each case runs the real conftest in a pytest
+of its own."""
 
 from __future__ import annotations
 
@@ -23,6 +25,10 @@ def kernel(kernel_with):
 def driver_run(starts_kernels):
     return None
 
+@pytest.fixture
+def server(starts_processes):
+    return None
+
 def test_with_the_modules_kernel(kernel):
     pass
 
@@ -30,6 +36,12 @@ def test_with_a_kernel_of_its_own(new_kernel):
     pass
 
 def test_with_a_driver_that_starts_kernels(driver_run):
+    pass
+
+def test_with_a_launch(no_leaks):
+    pass
+
+def test_with_a_server(server):
     pass
 
 def test_without_a_kernel():
@@ -62,7 +74,9 @@ def suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{TESTS.parent}")
     monkeypatch.delenv("NBLAUNCH_TEST_NOT_MARKED_KERNEL", raising=False)  # this test's own, set by the conftest
     pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makeini("[pytest]\nmarkers =\n    kernel: drives a real kernel\n")
+    pytester.makeini(
+        "[pytest]\naddopts = --strict-markers\nmarkers =\n    kernel: a kernel\n    processes: processes\n"
+    )
     return pytester
 
 
@@ -70,16 +84,15 @@ def _collected(result) -> list[str]:
     return sorted(line.split("::")[1] for line in result.outlines if "::" in line)
 
 
-def test_every_test_asking_for_a_kernel_fixture_is_marked_kernel_and_left_out_of_the_fast_layer(suite):
+def test_every_test_asking_for_a_kernel_or_a_process_fixture_is_marked_and_left_out_of_the_fast_layer(suite):
     suite.makepyfile(test_layers=ASKS_FOR_KERNELS)
-    fast = suite.runpytest_subprocess("--collect-only", "-q", "-m", "not kernel")
+    fast = suite.runpytest_subprocess("--collect-only", "-q", "-m", "not processes")
     assert _collected(fast) == ["test_without_a_kernel"], fast.outlines
-    slow = suite.runpytest_subprocess("--collect-only", "-q", "-m", "kernel")
-    assert _collected(slow) == [
-        "test_with_a_driver_that_starts_kernels",
-        "test_with_a_kernel_of_its_own",
-        "test_with_the_modules_kernel",
-    ], slow.outlines
+    kernel = ["test_with_a_driver_that_starts_kernels", "test_with_a_kernel_of_its_own", "test_with_the_modules_kernel"]
+    marked = suite.runpytest_subprocess("--collect-only", "-q", "-m", "kernel")
+    assert _collected(marked) == kernel, marked.outlines
+    marked = suite.runpytest_subprocess("--collect-only", "-q", "-m", "processes")
+    assert _collected(marked) == sorted([*kernel, "test_with_a_launch", "test_with_a_server"]), marked.outlines
 
 
 def test_a_test_that_starts_a_kernel_without_the_mark_fails_with_the_reason_in_process_or_in_a_driver(suite):
