@@ -102,3 +102,9 @@ def test_a_test_that_starts_a_kernel_without_the_mark_fails_with_the_reason_in_p
     text = "\n".join(result.outlines)
     for test in ("test_by_hand", "test_through_nbclient", "test_in_a_driver_script"):
         assert f"test_unmarked.py::{test} {REFUSAL}" in text, text
+
+
+def test_a_new_kernel_test_is_three_lines(kernel, request):
+    cell = kernel.run("%%distributed -n 2\nworld_size").ok()
+    assert cell.result["text/plain"] == "2"
+    assert request.node.get_closest_marker("kernel") is not None  # set by its fixture, not written here
