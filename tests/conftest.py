@@ -1,8 +1,8 @@
 """Shared fixtures: kernels for the tests that drive one (``kernel``, ``kernel_with``, ``new_kernel``), the two
 layers of the suite, and the check that a launch left no worker process, fd or port behind.
 
-The layers: ``make test-fast`` (``pytest -m "not processes"``) runs every test that starts no other process, in
-seconds; ``make test`` runs them all. Two marks say which is which, and neither can be forgotten:
+The layers: ``make test-fast`` (``pytest -m "not processes and not server"``) runs every test that starts no other
+process and no Jupyter server, in seconds; ``make test`` runs them all. Three marks say which is which:
 
 - ``kernel``: set at collection on every test that asks for a kernel fixture, directly or through one of its own
   fixtures (``starts_kernels`` is the one a fixture asks for when it starts kernels another way: nbclient,
@@ -11,6 +11,7 @@ seconds; ``make test`` runs them all. Two marks say which is which, and neither 
 - ``processes``: set on every ``kernel`` test and every test that asks for ``no_leaks`` (a launch) or
   ``starts_processes`` (what a fixture asks for when it starts ranks, a server or torchrun); a test that starts
   them itself carries ``@pytest.mark.processes``.
+- ``server``: set on every test that asks for pytest-jupyter's server (``jp_serverapp``; ``jp_fetch`` asks for it).
 """
 
 from __future__ import annotations
@@ -41,9 +42,10 @@ def pytest_ignore_collect(collection_path, config):
 
 
 # --- kernels ------------------------------------------------------------------------------------------------------
-KERNEL_MARK, PROCESSES_MARK = "kernel", "processes"
+KERNEL_MARK, PROCESSES_MARK, SERVER_MARK = "kernel", "processes", "server"
 KERNEL_FIXTURES = frozenset({"kernel_with", "new_kernel", "starts_kernels"})  # every kernel fixture asks one
 PROCESS_FIXTURES = KERNEL_FIXTURES | {"warmed_launcher", "starts_processes"}  # no_leaks asks for warmed_launcher
+SERVER_FIXTURES = frozenset({"jp_serverapp"})
 
 
 class KernelStarter:
@@ -109,14 +111,17 @@ def starts_processes():
 
 # --- the layers --------------------------------------------------------------------------------------------------
 def pytest_collection_modifyitems(config, items):
-    """Marks ``kernel`` every test that asks for a kernel fixture, however indirectly (its fixture closure), and
-    ``processes`` every kernel test and every test that asks for ``no_leaks`` or ``starts_processes``."""
+    """Marks ``kernel`` every test that asks for a kernel fixture, however indirectly (its fixture closure),
+    ``processes`` every kernel test and every test that asks for ``no_leaks`` or ``starts_processes``, and ``server``
+    every test that asks for pytest-jupyter's server."""
     for item in items:
         fixtures = set(getattr(item, "fixturenames", ()))
         if KERNEL_FIXTURES & fixtures:
             item.add_marker(KERNEL_MARK)
         if item.get_closest_marker(KERNEL_MARK) is not None or PROCESS_FIXTURES & fixtures:
             item.add_marker(PROCESSES_MARK)
+        if SERVER_FIXTURES & fixtures:
+            item.add_marker(SERVER_MARK)
 
 
 _launch_kernel = LocalProvisioner.launch_kernel

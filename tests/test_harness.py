@@ -1,8 +1,8 @@
 """The test harness itself (tests/conftest.py): a test that asks for a kernel fixture, however indirectly, is
 marked ``kernel``, and one that asks for a launch (``no_leaks``) or ``starts_processes`` is marked ``processes``
-like every kernel test, so ``make test-fast`` (``-m "not processes"``) leaves them out; a test that starts a kernel
-without the mark fails with the reason, whichever way it starts one. Each case runs the real conftest in a pytest
-of its own."""
+like every kernel test, so ``make test-fast`` (``-m "not processes and not server"``) leaves them out; a test
+that starts a kernel without the mark fails with the reason, whichever way it starts one. Each case runs the real
+conftest in a pytest of its own."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ def driver_run(starts_kernels):
 def server(starts_processes):
     return None
 
+@pytest.fixture
+def jp_serverapp():  # pytest-jupyter's fixture of that name, which jp_fetch asks for
+    return None
+
 def test_with_the_modules_kernel(kernel):
     pass
 
@@ -42,6 +46,9 @@ def test_with_a_launch(no_leaks):
     pass
 
 def test_with_a_server(server):
+    pass
+
+def test_with_a_route(jp_serverapp):
     pass
 
 def test_without_a_kernel():
@@ -74,9 +81,8 @@ def suite(pytester, monkeypatch):
     monkeypatch.setenv("PYTHONPATH", f"{TESTS}:{TESTS.parent}")
     monkeypatch.delenv("NBLAUNCH_TEST_NOT_MARKED_KERNEL", raising=False)  # this test's own, set by the conftest
     pytester.makeconftest((TESTS / "conftest.py").read_text())
-    pytester.makeini(
-        "[pytest]\naddopts = --strict-markers\nmarkers =\n    kernel: a kernel\n    processes: processes\n"
-    )
+    marks = "".join(f"\n    {mark}: {mark}" for mark in ("kernel", "processes", "server"))
+    pytester.makeini(f"[pytest]\naddopts = --strict-markers\nmarkers ={marks}\n")
     return pytester
 
 
@@ -86,13 +92,15 @@ def _collected(result) -> list[str]:
 
 def test_every_test_asking_for_a_kernel_or_a_process_fixture_is_marked_and_left_out_of_the_fast_layer(suite):
     suite.makepyfile(test_layers=ASKS_FOR_KERNELS)
-    fast = suite.runpytest_subprocess("--collect-only", "-q", "-m", "not processes")
+    fast = suite.runpytest_subprocess("--collect-only", "-q", "-m", "not processes and not server")
     assert _collected(fast) == ["test_without_a_kernel"], fast.outlines
     kernel = ["test_with_a_driver_that_starts_kernels", "test_with_a_kernel_of_its_own", "test_with_the_modules_kernel"]
     marked = suite.runpytest_subprocess("--collect-only", "-q", "-m", "kernel")
     assert _collected(marked) == kernel, marked.outlines
     marked = suite.runpytest_subprocess("--collect-only", "-q", "-m", "processes")
     assert _collected(marked) == sorted([*kernel, "test_with_a_launch", "test_with_a_server"]), marked.outlines
+    marked = suite.runpytest_subprocess("--collect-only", "-q", "-m", "server")
+    assert _collected(marked) == ["test_with_a_route"], marked.outlines
 
 
 def test_a_test_that_starts_a_kernel_without_the_mark_fails_with_the_reason_in_process_or_in_a_driver(suite):
