@@ -2,6 +2,7 @@
 #   make demo  - run notebooks/quickstart.ipynb and live_ranks.ipynb headless on 2 CPU workers
 #   make lab   - start JupyterLab on 127.0.0.1 with nblaunch installed
 #   make test  - lint and run the whole test suite
+#   make test-fast - the tests that start no process and no server (see tests/conftest.py): the layer to run while you work
 #   make test-loaded - the same suite with two busy processes beside it (its timed assertions must hold there)
 #   make test-gpu   - the GPU test kit (tests/gpu/); refuses at once without a CUDA GPU
 #   make gpu-wheels - the Python 3.12 wheels tests/gpu/on_device.sh installs on a GPU machine without network
@@ -10,7 +11,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.nblaunch-installed
 
-.PHONY: venv demo lab test test-loaded lint bench clean test-gpu gpu-wheels
+.PHONY: venv demo lab test test-fast test-loaded lint bench clean test-gpu gpu-wheels
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -71,6 +72,11 @@ lint: venv
 
 test: venv frontend frontend-test lint
 	$(PY) -m pytest tests
+
+# The marks are set from the fixtures each test asks for (tests/conftest.py); `make test` runs every layer.
+FAST_LAYER := not processes and not server
+test-fast: venv
+	$(PY) -m pytest tests -m "$(FAST_LAYER)" -q
 
 # Two processes that each keep a core busy, started by .ci/with-load and stopped by PID when the suite ends.
 test-loaded: venv frontend frontend-test lint

@@ -19,12 +19,28 @@ TEMPLATE_PID = (
 )
 
 
+# set by tests/conftest.py while a test not marked ``kernel`` runs: its node id (then no kernel may start)
+UNMARKED_TEST_ENV = "NBLAUNCH_TEST_NOT_MARKED_KERNEL"
+
+
+def refuse_kernel_in_unmarked_test() -> None:
+    """Raises while a test that is not marked ``kernel`` runs, in pytest's process or in one it started, so a kernel
+    test never lands in ``make test-fast`` (``pytest -m "not kernel"``) unnoticed."""
+    test = os.environ.get(UNMARKED_TEST_ENV)
+    if test:
+        raise RuntimeError(
+            f"{test} starts a kernel but is not marked 'kernel', so `make test-fast` would run it: ask for the "
+            "`kernel`, `kernel_with` or `new_kernel` fixture (tests/conftest.py), or mark it @pytest.mark.kernel"
+        )
+
+
 class Kernel:
     """One ipykernel started with this interpreter; ``run(code)`` returns what the cell showed."""
 
     def __init__(self, cwd: str | None = None, pythonpath: str = REPO, *, argv=None, interrupt_mode=None, env=None):
         """``argv`` / ``interrupt_mode`` / ``env``: another kernel command, as a kernel spec or server would set it
         (bench/live_others.py starts jupyter-distributed's proxy kernel this way)."""
+        refuse_kernel_in_unmarked_test()
         self.km = KernelManager()
         self.km.kernel_spec_manager  # noqa: B018 - loads specs
         self.km.kernel_name = "python3"
@@ -202,4 +218,4 @@ def run_terminal_ipython(script_path: str) -> subprocess.CompletedProcess:
     )
 
 
-__all__ = ["Kernel", "Cell", "run_terminal_ipython"]
+__all__ = ["Kernel", "Cell", "run_terminal_ipython", "refuse_kernel_in_unmarked_test", "UNMARKED_TEST_ENV"]

@@ -152,7 +152,7 @@ def report_env():
 
 
 @pytest.fixture(scope="module")
-def configs(tmp_path_factory):
+def configs(starts_processes, tmp_path_factory):
     """Every row's file, and what the real `accelerate launch` exported for it (all launched at once)."""
     root = tmp_path_factory.mktemp("accelerate_env")
     (root / "dump.py").write_text(DUMP)
@@ -212,6 +212,7 @@ def test_gpu_only_plugins_are_refused_on_cpu_before_anything_starts(name, key, c
         notebook_launcher(report_env, num_processes=2, config=str(files[name]))
 
 
+@pytest.mark.processes
 def test_fp8_without_an_fp8_backend_is_refused_as_accelerate_launch_refuses_it(tmp_path, clean_env):
     cfg = tmp_path / "fp8.yaml"
     cfg.write_text(yaml.safe_dump({**BASE, "distributed_type": "MULTI_CPU", "use_cpu": True, "mixed_precision": "fp8"}))

@@ -36,6 +36,8 @@ CASES = [
     "test_monitoring",
 ]
 
+pytestmark = pytest.mark.processes  # every test here launches ranks (torchrun, notebook_launcher)
+
 
 @pytest.fixture(scope="module")
 def suite():
@@ -170,13 +172,8 @@ def test_accelerates_distributed_script_passes_under_notebook_launcher_as_under_
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    from kernel import Kernel
-
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("peer_cell")))
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("peer_cell"))
 
 
 @pytest.mark.parametrize("name", list(PEER_SCRIPTS))

@@ -7,18 +7,14 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernel import Kernel
 
 FAILING = "%%distributed -n 2\nx = 1\nraise ValueError('cell count check')\n"
 NBLAUNCH_FRAME = re.compile(r"kernelside[/\\]|site-packages[/\\]|selectors\.py")
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport time").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with("import time")
 
 
 def _text(cell) -> str:

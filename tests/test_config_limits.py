@@ -9,18 +9,13 @@ import os
 import time
 
 import pytest
+from harness import ALIAS_BOMB, HOSTILE
 
 from kernelside import notebook_launcher
-from kernelside.config import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_VALUES, resolve_config
+from kernelside.config import MAX_CONFIG_BYTES, MAX_DEPTH, resolve_config
 from kernelside.errors import LaunchConfigError
 
 pytestmark = pytest.mark.usefixtures("no_leaks")
-
-ALIAS_BOMB = "\n".join(
-    ["a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
-    + [f"{n}: &{n} [" + ", ".join([f"*{p}"] * 9) + "]" for p, n in zip("abcdefgh", "bcdefghi", strict=True)]
-    + ["fsdp_config: {sharding_strategy: *i}", ""]
-)  # 9**9 = 387,420,489 values once expanded, in 400 bytes
 
 
 def touch(path):
@@ -31,33 +26,6 @@ def touch(path):
 def isolated(monkeypatch, tmp_path):
     monkeypatch.delenv("NBLAUNCH_CONFIG", raising=False)
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
-
-
-HOSTILE = {  # name: (the file, fragments of the message; {path} is the file's)
-    "superscript-two": ("num_processes: '²'\n", ["invalid num_processes='²' (in {path})", "an integer >= 1"]),
-    "nul-in-env": (
-        'env:\n  OMP_NUM_THREADS: "4\\0rm -rf"\n',
-        ["invalid env={'OMP_NUM_THREADS': '4\\x00rm -rf'} (in {path})", "the value of 'OMP_NUM_THREADS' holds a NUL"],
-    ),
-    "deep-yaml": (
-        "fsdp_config:\n" + "".join(" " * (2 * i + 2) + f"k{i}:\n" for i in range(200)) + " " * 402 + "v: 1\n",
-        [f"{{path}} nests values more than {MAX_DEPTH} levels deep (at line {MAX_DEPTH + 1}, under 'fsdp_config')"],
-    ),
-    "deep-json": (
-        "deepspeed_config: " + '{"a": ' * 40 + "1" + "}" * 40 + "\n",
-        [f"{{path}} nests values more than {MAX_DEPTH} levels deep (at line 1, under 'deepspeed_config')"],
-    ),
-    "json-100000-deep": ("deepspeed_config: " + "[" * 100_000 + "]" * 100_000 + "\n", ["{path} ", "nest"]),
-    "binary-garbage": (
-        b"\x7fELF\x02\x01\x01\x00\xff\xfe\x00garbage\n",
-        ["{path} is not UTF-8 text (byte 0xff at line 1"],
-    ),
-    "alias-bomb": (ALIAS_BOMB, [f"{{path}} holds more than {MAX_VALUES:,} values", "YAML alias (*name)"]),
-    "self-alias": ("gpu_ids: &x [*x]\n", ["{path}: the alias *x (at line 1, under 'gpu_ids') stands for a value"]),
-    "ten-megabytes": ("# " + "x" * (10 << 20) + "\n", ["{path} is 10,485,763 bytes; a launch config is at most"]),
-    "huge-integer": ("num_processes: " + "9" * 5000 + "\n", ["{path} is not valid YAML at line 1", "5,000 digits"]),
-    "not-a-mapping": ("- 1\n- 2\n", ["{path} must hold a mapping of keys to values, found list"]),
-}
 
 
 @pytest.mark.parametrize("name", list(HOSTILE))

@@ -20,7 +20,6 @@ import sys
 
 import pytest
 import yaml
-from kernel import Kernel
 from reference_scripts import LEAVE
 
 from kernelside import notebook_launcher
@@ -86,7 +85,7 @@ def train_from_config():
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def workdir(starts_processes, tmp_path_factory):
     """The config files, and what the real `accelerate launch` trained with them (both stages at once)."""
     root = tmp_path_factory.mktemp("deepspeed")
     (root / "train.py").write_text(SCRIPT + LEAVE)  # (its exit is not compared: reference_scripts.py)
@@ -119,12 +118,9 @@ def in_workdir(workdir, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def kernel(workdir):
+def kernel(kernel_with, workdir):
     root, _ = workdir
-    k = Kernel(cwd=str(root), env={"HF_HOME": str(root / "hf")})
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
+    return kernel_with(cwd=root, env={"HF_HOME": str(root / "hf")})
 
 
 ZERO_OPTIMIZER = {2: "DeepSpeedZeroOptimizer", 3: "DeepSpeedZeroOptimizer_Stage3"}
@@ -206,16 +202,13 @@ def test_the_fp16_refusal_follows_the_cpus_answer_whichever_it_is(has_fp16_kerne
             accelerate_env(values, use_cpu=True)
 
 
-def test_deepspeed_not_installed_fails_the_cell_before_any_rank_starts(workdir, tmp_path):
+def test_deepspeed_not_installed_fails_the_cell_before_any_rank_starts(workdir, tmp_path, new_kernel):
     root, _ = workdir
-    k = Kernel(cwd=str(root), env={"HF_HOME": str(root / "hf")})
-    try:
-        # the kernel's Python cannot import deepspeed, as where it is not installed (sys.modules None entry)
-        k.run("import sys; sys.modules['deepspeed'] = None\n%load_ext kernelside").ok()
-        cell = k.run(f"%%distributed -n 2 --config zero2.yaml\nprint('a rank started')\n{FROM_CONFIG}", timeout=120)
-        assert cell.error is not None and "a rank started" not in cell.stdout
-        shown = cell.error["evalue"] + "".join(cell.error.get("traceback", []))
-        assert "DeepSpeed is not installed" in shown and "pip install deepspeed" in shown
-        assert "Nothing was started" in shown
-    finally:
-        k.shutdown()
+    k = new_kernel(load_ext=False, cwd=str(root), env={"HF_HOME": str(root / "hf")})
+    # the kernel's Python cannot import deepspeed, as where it is not installed (sys.modules None entry)
+    k.run("import sys; sys.modules['deepspeed'] = None\n%load_ext kernelside").ok()
+    cell = k.run(f"%%distributed -n 2 --config zero2.yaml\nprint('a rank started')\n{FROM_CONFIG}", timeout=120)
+    assert cell.error is not None and "a rank started" not in cell.stdout
+    shown = cell.error["evalue"] + "".join(cell.error.get("traceback", []))
+    assert "DeepSpeed is not installed" in shown and "pip install deepspeed" in shown
+    assert "Nothing was started" in shown

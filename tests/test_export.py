@@ -6,7 +6,6 @@ import shlex
 import sys
 
 import pytest
-from kernel import Kernel
 from netns import run_isolated
 
 NOTEBOOK = """
@@ -64,12 +63,8 @@ t = torch.tensor([loss.item()]); dist.all_reduce(t)
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    k.run(NOTEBOOK).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(NOTEBOOK)
 
 
 def _torchrun(shown: str, cwd) -> str:

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 JUPYTER = os.path.join(os.path.dirname(sys.executable), "jupyter")
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
@@ -14,6 +16,9 @@ ANSI = re.compile(r"\x1b\[[0-9;]*m")
 def _listing(*args: str) -> str:
     proc = subprocess.run([JUPYTER, *args], capture_output=True, text=True, timeout=120)
     return ANSI.sub("", proc.stdout + proc.stderr)
+
+
+pytestmark = pytest.mark.processes  # every test here asks the jupyter command
 
 
 def test_labextension_list_shows_nblaunch_enabled_and_ok():

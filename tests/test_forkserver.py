@@ -20,8 +20,8 @@ import time
 
 import psutil
 import pytest
+from harness import send_stop
 from kernel import Kernel
-from test_run_state import send_stop
 
 SETUP = """
 import os, sys, time, json, signal
@@ -45,11 +45,8 @@ def _pids_gone(pids, timeout=5.0) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\n" + SETUP).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(SETUP)
 
 
 FD_KINDS = (
@@ -250,25 +247,22 @@ int cuDeviceGetCount(int *count) { *count = 1; return 0; }
 """
 
 
-def test_auto_picks_the_forkserver_when_the_cuda_driver_is_initialized_in_the_kernel(tmp_path):
+def test_auto_picks_the_forkserver_when_the_cuda_driver_is_initialized_in_the_kernel(tmp_path, new_kernel):
     src = tmp_path / "fake_cuda.c"
     src.write_text(FAKE_DRIVER)
     lib = tmp_path / "libcuda.so.1"
     subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
-    k = Kernel()
-    try:
-        k.run(f"%load_ext kernelside\n{SETUP}\nimport ctypes\n_driver = ctypes.CDLL({str(lib)!r})").ok()
-        cell = k.run(
-            "%%distributed -n 2\nmaps = open('/proc/self/maps').read()\n(os.getppid(), 'libcuda' in maps)",
-            timeout=180,
-        ).ok()
-        assert "nblaunch: using the forkserver, not fork, because CUDA was initialized in this kernel" in cell.stdout
-        assert "by a library below torch" in cell.stdout
-        ppid, driver_in_rank = eval(cell.result["text/plain"])
-        assert ppid == _template_pid(k) and driver_in_rank is False  # nothing of the kernel reached the rank
-        assert k.run("print(last_report().start_method)").ok().stdout == "forkserver\n"
-    finally:
-        k.shutdown()
+    k = new_kernel(load_ext=False)
+    k.run(f"%load_ext kernelside\n{SETUP}\nimport ctypes\n_driver = ctypes.CDLL({str(lib)!r})").ok()
+    cell = k.run(
+        "%%distributed -n 2\nmaps = open('/proc/self/maps').read()\n(os.getppid(), 'libcuda' in maps)",
+        timeout=180,
+    ).ok()
+    assert "nblaunch: using the forkserver, not fork, because CUDA was initialized in this kernel" in cell.stdout
+    assert "by a library below torch" in cell.stdout
+    ppid, driver_in_rank = eval(cell.result["text/plain"])
+    assert ppid == _template_pid(k) and driver_in_rank is False  # nothing of the kernel reached the rank
+    assert k.run("print(last_report().start_method)").ok().stdout == "forkserver\n"
 
 
 WRAPPER = """#!/bin/sh
@@ -278,28 +272,26 @@ exec {python} "$@"
 """
 
 
-def test_a_template_that_cannot_start_means_spawn_said_once(tmp_path):
+def test_a_template_that_cannot_start_means_spawn_said_once(tmp_path, new_kernel):
     wrapper = tmp_path / "python"
     wrapper.write_text(WRAPPER.format(python=sys.executable))
     wrapper.chmod(0o755)
-    k = Kernel()
-    try:
-        k.run(f"%load_ext kernelside\n{SETUP}\nsys.executable = {str(wrapper)!r}").ok()
-        first = k.run(
-            "print(notebook_launcher(facts, num_processes=2, start_method='forkserver')['rank'], "
-            "last_report().start_method)",
-            timeout=180,
-        ).ok()
-        assert "the forkserver template could not start (it exited (exit code 3) before it was ready)" in first.stdout
-        assert first.stdout.strip().splitlines()[-1] == "0 spawn"
-        again = k.run(
-            "print(notebook_launcher(facts, num_processes=2, start_method='forkserver')['rank'])", timeout=180
-        ).ok()
-        assert again.stdout == "0\n"
-    finally:
-        k.shutdown()
+    k = new_kernel(load_ext=False)
+    k.run(f"%load_ext kernelside\n{SETUP}\nsys.executable = {str(wrapper)!r}").ok()
+    first = k.run(
+        "print(notebook_launcher(facts, num_processes=2, start_method='forkserver')['rank'], "
+        "last_report().start_method)",
+        timeout=180,
+    ).ok()
+    assert "the forkserver template could not start (it exited (exit code 3) before it was ready)" in first.stdout
+    assert first.stdout.strip().splitlines()[-1] == "0 spawn"
+    again = k.run(
+        "print(notebook_launcher(facts, num_processes=2, start_method='forkserver')['rank'])", timeout=180
+    ).ok()
+    assert again.stdout == "0\n"
 
 
+@pytest.mark.kernel  # it ends the kernel itself
 @pytest.mark.parametrize("how", ["sigkill", "shutdown"])
 def test_the_template_and_its_ranks_end_with_the_kernel(tmp_path, how):
     k = Kernel()

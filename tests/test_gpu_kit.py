@@ -19,10 +19,13 @@ from kernelside.launch.hardware import gpu_count
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NO_CUDA = "no CUDA device: make test-gpu needs a machine with a GPU"
 
-pytestmark = pytest.mark.skipif(
-    gpu_count() > 0,
-    reason="this machine has a CUDA GPU: the refusal cannot be shown here (make test-gpu runs the kit instead)",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        gpu_count() > 0,
+        reason="this machine has a CUDA GPU: the refusal cannot be shown here (make test-gpu runs the kit instead)",
+    ),
+    pytest.mark.processes,  # every test here runs make or pytest
+]
 
 
 def _env() -> dict:

@@ -5,12 +5,13 @@ a working group. The 200-launch soak is ``bench/end_training_soak.py``; here, a 
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 from bench.end_training_soak import CELL, train_and_end
 from kernelside import notebook_launcher
 
 LAUNCHES = 12
+
+pytestmark = pytest.mark.processes  # every test here launches ranks
 
 
 def test_end_training_after_an_accelerate_prepared_model_never_hangs_a_launch():
@@ -51,11 +52,8 @@ GROUP_TIMEOUTS = (
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("group_owner")))
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("group_owner"))
 
 
 def test_end_training_in_distributed_cells_never_hangs(kernel):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import ast
 import os
 
+import pytest
+
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "kernelside")
 
 
@@ -255,6 +257,7 @@ def test_the_path_finder_reports_a_path_to_torch_it_is_given():
     assert path_to("jupyter_ext.runs", lambda n: graph.get(n, set()) - {"torch.cuda"}, TORCH) is None
 
 
+@pytest.mark.processes
 def test_importing_kernelside_loads_no_torch_yet_guards_cuda_from_then_on_and_every_public_name_works():
     import subprocess
     import sys

@@ -20,7 +20,6 @@ import time
 
 import pytest
 from interrupt_storm import aftermath, left_behind, printed, shown, shown_internals, shown_widget, started, storm
-from kernel import Kernel
 
 from kernelside import interrupts
 
@@ -91,15 +90,13 @@ while not os.path.exists(os.path.join(os.path.dirname(__file__), "never")) and t
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
+def kernel(kernel_with, tmp_path_factory):
     modules = tmp_path_factory.mktemp("modules")
     (modules / "nblaunch_slow_import.py").write_text(SLOW_IMPORT)
-    k = Kernel()
-    k.run(f"import sys\nsys.path.insert(0, {str(modules)!r})\n" + SETUP, timeout=120).ok()
+    k = kernel_with(f"import sys\nsys.path.insert(0, {str(modules)!r})\n" + SETUP, load_ext=False, timeout=120)
     for method in METHODS:  # the first launch of each method starts what later ones reuse (the forkserver template)
         assert k.run(f"print({_launch(method)})").ok().stdout == "1\n"
-    yield k
-    k.shutdown()
+    return k
 
 
 def assert_short_interrupt_and_nothing_left(kernel, cell, ended_s):
@@ -112,15 +109,12 @@ def assert_short_interrupt_and_nothing_left(kernel, cell, ended_s):
 
 
 @pytest.mark.parametrize(("method", "presses"), RUNS)
-def test_interrupt_before_the_ranks_exist_ends_the_cell_short_and_leaves_nothing(method, presses):
-    k = Kernel()
-    try:
-        k.run("%load_ext kernelside\nfrom kernelside import notebook_launcher\ndef quick():\n    return 1").ok()
-        cell, ended_s = storm(k, _launch(method), at_s=0.2, presses=PRESSES[presses], trigger=started)
-        assert_short_interrupt_and_nothing_left(k, cell, ended_s)
-        assert k.run(f"print({_launch(method)})", timeout=180).ok().stdout == "1\n"
-    finally:
-        k.shutdown()
+def test_interrupt_before_the_ranks_exist_ends_the_cell_short_and_leaves_nothing(method, presses, new_kernel):
+    k = new_kernel(load_ext=False)
+    k.run("%load_ext kernelside\nfrom kernelside import notebook_launcher\ndef quick():\n    return 1").ok()
+    cell, ended_s = storm(k, _launch(method), at_s=0.2, presses=PRESSES[presses], trigger=started)
+    assert_short_interrupt_and_nothing_left(k, cell, ended_s)
+    assert k.run(f"print({_launch(method)})", timeout=180).ok().stdout == "1\n"
 
 
 @pytest.mark.parametrize("moment", list(ONE_SHOT))

@@ -20,12 +20,12 @@ def rank_sum():
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("from kernelside import notebook_launcher, last_report\nimport os, time, signal, threading").ok()
-    k.run(RANK_SUM).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(
+        "from kernelside import notebook_launcher, last_report\nimport os, time, signal, threading",
+        RANK_SUM,
+        load_ext=False,
+    )
 
 
 def test_rank0_output_reaches_the_cell_while_the_run_is_still_going(kernel, tmp_path):
@@ -106,6 +106,7 @@ def use_scaler(m, x):
     assert cell.stdout.startswith("[7.0, 7.0]")
 
 
+@pytest.mark.kernel  # it ends the kernel itself
 def test_workers_die_when_the_kernel_process_dies(tmp_path):
     k = Kernel()
     try:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel import Kernel
 
 SETUP = """
 import torch, lightning as L
@@ -41,11 +40,8 @@ def fit(name, strategy):
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("lightning_demos")))
-    k.run("%load_ext kernelside\n" + SETUP).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(SETUP, cwd=tmp_path_factory.mktemp("lightning_demos"))
 
 
 @pytest.mark.parametrize("demo", ["boring", "transformer"])

@@ -8,7 +8,6 @@ TQDMProgressBar already does); a RichProgressBar asked for by name prints its fi
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 FIT = """%%distributed -n 2 --return bar
 import torch, lightning as L
@@ -32,12 +31,10 @@ CONTROL = ("\x1b[2K", "\x1b[?25l", "\x1b[?25h", "\x1b[1A", "\r")
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("rich_bar")))
-    k.run("%load_ext kernelside").ok()
+def kernel(kernel_with, tmp_path_factory):
+    k = kernel_with(cwd=tmp_path_factory.mktemp("rich_bar"))
     assert "FORCE_COLOR" in k.run("import os; print(sorted(os.environ))").ok().stdout  # what misleads rich
-    yield k
-    k.shutdown()
+    return k
 
 
 def _bars(cell):

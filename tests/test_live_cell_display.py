@@ -8,19 +8,15 @@ past ``SHOW_AFTER_S`` draws the status line, bars and chart as a one-shot launch
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 from kernelside.display.deferred_display import SHOW_AFTER_S
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport time\nfrom kernelside import progress, log_metrics").ok()
-    k.run("%distributed_start -n 2", timeout=180).ok()
+def kernel(kernel_with):
+    k = kernel_with("import time\nfrom kernelside import progress, log_metrics", "%distributed_start -n 2", timeout=180)
     yield k
     k.run("%distributed_stop").ok()
-    k.shutdown()
 
 
 def _widget_models(cell) -> list[str]:

@@ -13,13 +13,10 @@ STATUS = "import json\nfrom kernelside.live.session import current\nprint(json.d
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport os, time, signal").ok()
-    k.run("%distributed_start -n 2").ok()
+def kernel(kernel_with):
+    k = kernel_with("import os, time, signal", "%distributed_start -n 2")
     yield k
     k.run("%distributed_stop")
-    k.shutdown()
 
 
 def _pids(k: Kernel) -> list[int]:
@@ -289,16 +286,13 @@ def test_push_sends_a_kernel_value_to_every_rank(kernel):
     assert cell.error is None and kernel.run("print(c)").ok().stdout.strip() == "[{'lr': 0.5}, {'lr': 0.5}]"
 
 
-def test_an_unsendable_name_is_named_and_nothing_runs():
-    k = Kernel()
-    try:
-        k.run("%load_ext kernelside\n%distributed_start -n 2 --start-method spawn").ok()
-        k.run("import threading\nlock = threading.Lock()").ok()
-        cell = k.run("%%distributed\nwith lock:\n    pass")
-        assert cell.error is not None and "'lock' (lock)" in _error_text(cell)
-        assert k.run("%%distributed\nrank").ok().result["text/plain"] == "0"
-    finally:
-        k.shutdown()
+def test_an_unsendable_name_is_named_and_nothing_runs(new_kernel):
+    k = new_kernel(load_ext=False)
+    k.run("%load_ext kernelside\n%distributed_start -n 2 --start-method spawn").ok()
+    k.run("import threading\nlock = threading.Lock()").ok()
+    cell = k.run("%%distributed\nwith lock:\n    pass")
+    assert cell.error is not None and "'lock' (lock)" in _error_text(cell)
+    assert k.run("%%distributed\nrank").ok().result["text/plain"] == "0"
 
 
 KERNEL_FDS = """
@@ -338,28 +332,25 @@ def _nothing_left(rank_pids: list[int]) -> None:
     assert not any(psutil.pid_exists(p) for p in rank_pids)
 
 
-def test_stop_and_restart_leave_no_process_port_or_fd():
-    k = Kernel()
-    try:
-        k.run("%load_ext kernelside").ok()
-        k.run("%distributed_start -n 2\n%distributed_stop").ok()  # what the first session opens for good (torch)
-        fds_before = int(k.run(KERNEL_FDS).ok().stdout)
-        k.run("%distributed_start -n 2").ok()
-        port = int(k.run("from kernelside.live.session import current\nprint(current().world.port)").stdout)
-        first = _pids(k)
-        cell = k.run("%distributed_restart").ok()
-        assert "its state is gone" in cell.stdout
-        second = _pids(k)
-        assert not set(first) & set(second) and not any(psutil.pid_exists(p) for p in first)
-        k.run("%distributed_stop").ok()
-        _nothing_left(second)
-        assert _fds_settle_to(k, fds_before) == fds_before
-        assert port not in {c.laddr.port for c in psutil.Process(k.pid).net_connections() if c.laddr}
-        assert "live session: none" in k.run("%distributed_config").ok().stdout
-    finally:
-        k.shutdown()
+def test_stop_and_restart_leave_no_process_port_or_fd(new_kernel):
+    k = new_kernel()
+    k.run("%distributed_start -n 2\n%distributed_stop").ok()  # what the first session opens for good (torch)
+    fds_before = int(k.run(KERNEL_FDS).ok().stdout)
+    k.run("%distributed_start -n 2").ok()
+    port = int(k.run("from kernelside.live.session import current\nprint(current().world.port)").stdout)
+    first = _pids(k)
+    cell = k.run("%distributed_restart").ok()
+    assert "its state is gone" in cell.stdout
+    second = _pids(k)
+    assert not set(first) & set(second) and not any(psutil.pid_exists(p) for p in first)
+    k.run("%distributed_stop").ok()
+    _nothing_left(second)
+    assert _fds_settle_to(k, fds_before) == fds_before
+    assert port not in {c.laddr.port for c in psutil.Process(k.pid).net_connections() if c.laddr}
+    assert "live session: none" in k.run("%distributed_config").ok().stdout
 
 
+@pytest.mark.kernel  # it ends the kernel itself
 @pytest.mark.parametrize("how", ["shutdown", "sigkill"])
 def test_kernel_shutdown_or_death_takes_the_ranks_with_it(how):
     k = Kernel()
@@ -375,67 +366,58 @@ def test_kernel_shutdown_or_death_takes_the_ranks_with_it(how):
         k.km.shutdown_kernel(now=True)
 
 
-def test_spawn_started_session_keeps_state_and_gets_kernel_functions():
-    k = Kernel()
-    try:
-        k.run("%load_ext kernelside\n%distributed_start -n 2 --start-method spawn").ok()
-        k.run("def double(v):\n    return 2 * v").ok()
-        k.run("%%distributed\nacc = double(rank + 1)").ok()
-        k.run("%distributed_config").ok()
-        cell = k.run("%%distributed --return-from all --return a\na = acc").ok()
-        assert cell.error is None and k.run("print(a)").ok().stdout.strip() == "[2, 4]"
-        cell = k.run("%%distributed\nif rank == 1:\n    raise RuntimeError('spawned failure')\nacc")
-        assert "rank 1 failed: RuntimeError: spawned failure" in _error_text(cell)
-        assert k.run("%%distributed\nacc").ok().result["text/plain"] == "2"
-    finally:
-        k.shutdown()
+def test_spawn_started_session_keeps_state_and_gets_kernel_functions(new_kernel):
+    k = new_kernel(load_ext=False)
+    k.run("%load_ext kernelside\n%distributed_start -n 2 --start-method spawn").ok()
+    k.run("def double(v):\n    return 2 * v").ok()
+    k.run("%%distributed\nacc = double(rank + 1)").ok()
+    k.run("%distributed_config").ok()
+    cell = k.run("%%distributed --return-from all --return a\na = acc").ok()
+    assert cell.error is None and k.run("print(a)").ok().stdout.strip() == "[2, 4]"
+    cell = k.run("%%distributed\nif rank == 1:\n    raise RuntimeError('spawned failure')\nacc")
+    assert "rank 1 failed: RuntimeError: spawned failure" in _error_text(cell)
+    assert k.run("%%distributed\nacc").ok().result["text/plain"] == "2"
 
 
-def test_function_form_runs_keeps_state_and_stops_as_a_context_manager():
-    k = Kernel()
-    try:
-        k.run("import kernelside, os").ok()
-        k.run(
-            "def load():\n    global weights\n    weights = [rank] * 3\n"
-            "def total(extra):\n    return sum(weights) + extra + bonus\nbonus = 100"
-        ).ok()
-        cell = k.run(
-            "with kernelside.start(num_processes=2) as ranks:\n    ranks.run(load)\n"
-            "    one = ranks.run(total, args=(1,))\n    every = ranks.run(total, args=(1,), return_all=True)\n"
-            "    ranks.push(bonus=0)\n    after_push = ranks.run(total, args=(1,))\n"
-            "    pids = [r['pid'] for r in ranks.status()]\nprint(one, every, after_push)"
-        ).ok()
-        assert cell.stdout.strip() == "101 [101, 104] 1"
-        pids = json.loads(k.run("import json\nprint(json.dumps(pids))").ok().stdout)
-        _nothing_left(pids)
-    finally:
-        k.shutdown()
+def test_function_form_runs_keeps_state_and_stops_as_a_context_manager(new_kernel):
+    k = new_kernel(load_ext=False)
+    k.run("import kernelside, os").ok()
+    k.run(
+        "def load():\n    global weights\n    weights = [rank] * 3\n"
+        "def total(extra):\n    return sum(weights) + extra + bonus\nbonus = 100"
+    ).ok()
+    cell = k.run(
+        "with kernelside.start(num_processes=2) as ranks:\n    ranks.run(load)\n"
+        "    one = ranks.run(total, args=(1,))\n    every = ranks.run(total, args=(1,), return_all=True)\n"
+        "    ranks.push(bonus=0)\n    after_push = ranks.run(total, args=(1,))\n"
+        "    pids = [r['pid'] for r in ranks.status()]\nprint(one, every, after_push)"
+    ).ok()
+    assert cell.stdout.strip() == "101 [101, 104] 1"
+    pids = json.loads(k.run("import json\nprint(json.dumps(pids))").ok().stdout)
+    _nothing_left(pids)
 
 
-def test_200_cell_soak_keeps_fds_threads_and_memory_flat():
-    k = Kernel()
+def test_200_cell_soak_keeps_fds_threads_and_memory_flat(new_kernel):
+    k = new_kernel(load_ext=False)
     probe = KERNEL_FDS.replace(
         "print(len(_our_fds()))",
         "import threading, psutil, json\nfrom kernelside.live.session import current\n"
         "print(json.dumps({'fds': len(_our_fds()), 'threads': threading.active_count(), "
         "'rss': psutil.Process().memory_info().rss, 'ranks': [r['rss'] for r in current().status()]}))",
     )
-    try:
-        k.run("%load_ext kernelside\n%distributed_start -n 2").ok()
-        for _ in range(20):  # warm: first-use allocations (caches, widgets) are not growth
-            k.run("%%distributed\nx = [rank] * 1000\nlen(x)").ok()
-        first = json.loads(k.run(probe).ok().stdout)
-        for i in range(200):
-            k.run(f"%%distributed\nx = [rank] * 1000\nlen(x) + {i}").ok()
-        last = json.loads(k.run(probe).ok().stdout)
-        print("soak first", first, "last", last)
-        if last["fds"] != first["fds"]:
-            last["fds"] = _fds_settle_to(k, first["fds"])
-        assert last["fds"] == first["fds"] and last["threads"] == first["threads"]
-        assert last["rss"] - first["rss"] < 20 * 2**20
-        assert all(b - a < 20 * 2**20 for a, b in zip(first["ranks"], last["ranks"], strict=True))
-    finally:
-        k.shutdown()
+    k.run("%load_ext kernelside\n%distributed_start -n 2").ok()
+    for _ in range(20):  # warm: first-use allocations (caches, widgets) are not growth
+        k.run("%%distributed\nx = [rank] * 1000\nlen(x)").ok()
+    first = json.loads(k.run(probe).ok().stdout)
+    for i in range(200):
+        k.run(f"%%distributed\nx = [rank] * 1000\nlen(x) + {i}").ok()
+    last = json.loads(k.run(probe).ok().stdout)
+    print("soak first", first, "last", last)
+    if last["fds"] != first["fds"]:
+        last["fds"] = _fds_settle_to(k, first["fds"])
+    assert last["fds"] == first["fds"] and last["threads"] == first["threads"]
+    assert last["rss"] - first["rss"] < 20 * 2**20
+    assert all(b - a < 20 * 2**20 for a, b in zip(first["ranks"], last["ranks"], strict=True))
 
 
 KERNEL_GROUP = (  # the kernel's own process group: forked ranks inherit it, so their init_process_group fails
@@ -444,42 +426,39 @@ KERNEL_GROUP = (  # the kernel's own process group: forked ranks inherit it, so 
 )
 
 
-def test_a_restart_whose_new_ranks_cannot_start_says_so_then_and_stops_the_session():
-    k = Kernel()
-    try:
-        k.run("%load_ext kernelside\nimport os, time\n%distributed_start -n 2").ok()
-        first = _pids(k)
-        k.run(KERNEL_GROUP).ok()
-        cell = k.run("%distributed_restart", timeout=60)
-        text = _error_text(cell)
-        assert cell.error is not None and cell.error["ename"] == "LaunchError"
-        assert "the live session was restarted, but its new ranks did not come up (rank " in text
-        assert "trying to initialize the default process group twice" in text
-        assert "The live session is stopped and nothing is left running" in text
-        _nothing_left(first)
-        assert k.children() == []  # but the forkserver template, which a GPU machine starts with the extension
-        assert "live session: none" in k.run("%distributed_config").ok().stdout
+def test_a_restart_whose_new_ranks_cannot_start_says_so_then_and_stops_the_session(new_kernel):
+    k = new_kernel(load_ext=False)
+    k.run("%load_ext kernelside\nimport os, time\n%distributed_start -n 2").ok()
+    first = _pids(k)
+    k.run(KERNEL_GROUP).ok()
+    cell = k.run("%distributed_restart", timeout=60)
+    text = _error_text(cell)
+    assert cell.error is not None and cell.error["ename"] == "LaunchError"
+    assert "the live session was restarted, but its new ranks did not come up (rank " in text
+    assert "trying to initialize the default process group twice" in text
+    assert "The live session is stopped and nothing is left running" in text
+    _nothing_left(first)
+    assert k.children() == []  # but the forkserver template, which a GPU machine starts with the extension
+    assert "live session: none" in k.run("%distributed_config").ok().stdout
 
-        # the automatic restart, after a rank died in a cell, says it in that cell
-        k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()
-        second = _pids(k)
-        k.run(KERNEL_GROUP).ok()
-        cell = k.run("%%distributed\nif rank == 1:\n    os._exit(3)\ntime.sleep(30)", timeout=60)
-        text = _error_text(cell)
-        assert cell.error is not None and cell.error["ename"] == "WorkerError"  # the cell's own error comes first
-        order = [
-            "rank 1 failed: exit code 3",
-            "the live session was restarted: its state is gone",
-            "the new ranks of that restart did not come up (rank ",
-            "failed during init_process_group: ValueError: trying to initialize the default process group twice",
-            "The live session is stopped and nothing is left running",
-        ]
-        assert all(part in text for part in order), text
-        assert sorted(order, key=text.index) == order, text
-        _nothing_left(second)
-        assert k.children() == []  # but the forkserver template, which a GPU machine starts with the extension
-        k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()  # the cause gone: a session starts
-        assert k.run("%%distributed\nrank").ok().result["text/plain"] == "0"
-        k.run("%distributed_stop").ok()
-    finally:
-        k.shutdown()
+    # the automatic restart, after a rank died in a cell, says it in that cell
+    k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()
+    second = _pids(k)
+    k.run(KERNEL_GROUP).ok()
+    cell = k.run("%%distributed\nif rank == 1:\n    os._exit(3)\ntime.sleep(30)", timeout=60)
+    text = _error_text(cell)
+    assert cell.error is not None and cell.error["ename"] == "WorkerError"  # the cell's own error comes first
+    order = [
+        "rank 1 failed: exit code 3",
+        "the live session was restarted: its state is gone",
+        "the new ranks of that restart did not come up (rank ",
+        "failed during init_process_group: ValueError: trying to initialize the default process group twice",
+        "The live session is stopped and nothing is left running",
+    ]
+    assert all(part in text for part in order), text
+    assert sorted(order, key=text.index) == order, text
+    _nothing_left(second)
+    assert k.children() == []  # but the forkserver template, which a GPU machine starts with the extension
+    k.run("dist.destroy_process_group()\n%distributed_start -n 2").ok()  # the cause gone: a session starts
+    assert k.run("%%distributed\nrank").ok().result["text/plain"] == "0"
+    k.run("%distributed_stop").ok()

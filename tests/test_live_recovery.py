@@ -27,20 +27,15 @@ STEP_IN_SYNC = (
 )
 
 
-def _start(n: int) -> Kernel:
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport os, time, signal").ok()
-    k.run(f"%distributed_start -n {n}").ok()
-    k.run(DDP).ok()
-    return k
+def _start(start_kernel, n: int) -> Kernel:
+    return start_kernel("import os, time, signal", f"%distributed_start -n {n}", DDP)
 
 
 @pytest.fixture(scope="module")
-def three():
-    k = _start(3)
+def three(kernel_with):
+    k = _start(kernel_with, 3)
     yield k
     k.run("%distributed_stop")
-    k.shutdown()
 
 
 def _pids(k: Kernel) -> list[int]:
@@ -138,8 +133,8 @@ def test_ten_failures_in_a_row_leave_fds_threads_and_pids_flat(three):
     _assert_state_and_step_in_sync(three, 3)
 
 
-def test_four_ranks_a_failing_rank_that_is_not_every_peers_neighbour_unblocks_them_all():
-    k = _start(4)
+def test_four_ranks_a_failing_rank_that_is_not_every_peers_neighbour_unblocks_them_all(new_kernel):
+    k = _start(new_kernel, 4)
     try:
         pids = _pids(k)
         cell = k.run(
@@ -156,7 +151,6 @@ def test_four_ranks_a_failing_rank_that_is_not_every_peers_neighbour_unblocks_th
         _assert_state_and_step_in_sync(k, 4)
     finally:
         k.run("%distributed_stop")
-        k.shutdown()
 
 
 def test_debug_after_a_failed_live_cell_opens_the_failing_ranks_frame_in_the_cell_and_q_keeps_every_rank(three):
@@ -253,9 +247,9 @@ def test_a_rank_alive_but_slow_to_come_back_is_waited_for_with_its_state_and_nam
     _assert_state_and_step_in_sync(three, 3)
 
 
-def test_interrupt_again_while_a_rank_is_awaited_restarts_the_session_and_says_why():
+def test_interrupt_again_while_a_rank_is_awaited_restarts_the_session_and_says_why(new_kernel):
     """■ again is the user asking: the wait is given up, the world restarted (new processes), and the error says so."""
-    k = _start(2)
+    k = _start(new_kernel, 2)
     try:
         pids = _pids(k)
         sent = {}
@@ -276,4 +270,3 @@ def test_interrupt_again_while_a_rank_is_awaited_restarts_the_session_and_says_w
         k.run("%%distributed\nx = rank").ok()
     finally:
         k.run("%distributed_stop")
-        k.shutdown()

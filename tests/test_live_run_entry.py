@@ -11,8 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from kernel import Kernel
-from test_run_state import send_stop
+from harness import send_stop
 
 from jupyter_ext.rank_resources import is_that_process
 from kernelside.launch.run_control import CONTROL_SOCKET
@@ -25,12 +24,10 @@ KERNEL_FDS = (
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport time").ok()
+def kernel(kernel_with):
+    k = kernel_with("import time")
     yield k
     k.run("%distributed_stop")
-    k.shutdown()
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
-from kernel import Kernel, run_terminal_ipython
+from kernel import run_terminal_ipython
 
 NET = """
 import torch
@@ -21,12 +21,8 @@ data = torch.randn(64, 4), torch.randn(64, 1)
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    k.run(NET).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(NET)
 
 
 def test_cell_trains_ddp_and_returns_the_plain_model_and_losses(kernel):
@@ -134,26 +130,23 @@ def test_spawn_ships_notebook_classes_and_names_what_cannot_be_sent(kernel):
     assert "'lock' (lock)" in bad.error["evalue"] and "--start-method fork" in bad.error["evalue"]
 
 
-def test_distributed_config_says_where_each_value_comes_from(tmp_path):
+def test_distributed_config_says_where_each_value_comes_from(tmp_path, new_kernel):
     (tmp_path / "nblaunch.yaml").write_text("num_processes: 3\nmixed_precision: bf16\n")
-    k = Kernel(cwd=str(tmp_path))
-    try:
-        k.run("%load_ext kernelside").ok()
-        out = k.run("%distributed_config").ok().stdout
-        cfg_path = str(tmp_path / "nblaunch.yaml")
-        assert f"config file: {cfg_path}" in out
-        assert [ln for ln in out.splitlines() if ln.strip().startswith("num_processes")][0].endswith(cfg_path)
-        assert "'rank0'" in out and "from default" in out
-        assert "plan: 3 processes, backend gloo" in out
-        assert "start method: fork (fork is safe: CUDA is not initialized in this kernel)" in out
-        run = k.run("%%distributed\nprint(world_size)\n").ok()  # the config file applies in a non-repo cwd
-        assert run.stdout.strip() == "3"
-        last = k.run("%distributed_last").ok().result
-        assert "exit code 0" in last["text/plain"] and "| 2 |" in last["text/markdown"]
-    finally:
-        k.shutdown()
+    k = new_kernel(cwd=str(tmp_path))
+    out = k.run("%distributed_config").ok().stdout
+    cfg_path = str(tmp_path / "nblaunch.yaml")
+    assert f"config file: {cfg_path}" in out
+    assert [ln for ln in out.splitlines() if ln.strip().startswith("num_processes")][0].endswith(cfg_path)
+    assert "'rank0'" in out and "from default" in out
+    assert "plan: 3 processes, backend gloo" in out
+    assert "start method: fork (fork is safe: CUDA is not initialized in this kernel)" in out
+    run = k.run("%%distributed\nprint(world_size)\n").ok()  # the config file applies in a non-repo cwd
+    assert run.stdout.strip() == "3"
+    last = k.run("%distributed_last").ok().result
+    assert "exit code 0" in last["text/plain"] and "| 2 |" in last["text/markdown"]
 
 
+@pytest.mark.processes
 def test_magic_works_in_plain_terminal_ipython(tmp_path):
     script = tmp_path / "run.ipy"
     # a terminal IPython shell runs the file; each run_cell is one cell, as typed at the prompt

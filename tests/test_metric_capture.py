@@ -164,7 +164,7 @@ CELLS = [
 
 
 @pytest.fixture(scope="module")
-def notebook(tmp_path_factory):
+def notebook(starts_kernels, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("capture")
     nb = nbformat.v4.new_notebook()
     nb.cells = [nbformat.v4.new_code_cell(textwrap.dedent(c).strip()) for c in CELLS]

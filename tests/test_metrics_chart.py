@@ -9,7 +9,6 @@ import re
 import time
 
 import pytest
-from kernel import Kernel
 
 from kernelside.display.chart_scales import ema
 from kernelside.display.metrics_chart import MetricsChart
@@ -53,14 +52,6 @@ def test_the_ended_run_gets_a_smoothing_control_with_every_weight_precomputed():
     assert ':has(input[value="0.9"]:checked) .nbl-ema-9{display:inline}' in svg
     other = MetricsChart().render(POINTS, final=True)
     assert re.search(r'name="(nbl-smooth-[0-9a-f]+)"', other).group(1) != values[0][0]  # charts apart
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
 
 
 def test_the_chart_updates_at_most_twice_a_second_however_fast_ranks_log(kernel):

@@ -12,7 +12,7 @@ from netns import run_isolated
 
 
 @pytest.fixture(scope="module")
-def multinode():
+def multinode(starts_kernels):
     """One run of the two-kernel driver (each phase is one same call on both "machines")."""
     driver = os.path.join(REPO, "tests", "multinode_driver.py")
     proc = run_isolated([sys.executable, driver, "29400"], timeout=400, env={"PYTHONPATH": REPO})

@@ -6,11 +6,13 @@ import importlib.util
 import os
 
 import pytest
-from kernel import REPO, Kernel
+from kernel import REPO
 
 spec = importlib.util.spec_from_file_location("execute_nb", os.path.join(REPO, "notebooks", "execute.py"))
 execute_nb = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(execute_nb)
+
+pytestmark = pytest.mark.kernel  # every test here runs a notebook in a kernel (nbclient, papermill)
 
 
 def _text(nb) -> str:
@@ -78,18 +80,15 @@ MIXED = [
 
 
 @pytest.mark.timeout(300)
-def test_ten_cell_mixed_notebook_runs_top_to_bottom_twice_in_one_kernel(tmp_path):
-    k = Kernel(cwd=str(tmp_path))
-    try:
-        for round_ in range(2):
-            cells = [k.run(code).ok() for code in MIXED]
-            assert cells[3].stdout == "total 4.0\n"
-            assert cells[6].stdout == "scaled [10, 20]\n"
-            assert cells[7].result["text/plain"] == "3"
-            assert cells[8].stdout == "fn 40\n"
-            assert "outcome='ok'" in cells[9].result["text/plain"], round_
-    finally:
-        k.shutdown()
+def test_ten_cell_mixed_notebook_runs_top_to_bottom_twice_in_one_kernel(tmp_path, new_kernel):
+    k = new_kernel(load_ext=False, cwd=str(tmp_path))
+    for round_ in range(2):
+        cells = [k.run(code).ok() for code in MIXED]
+        assert cells[3].stdout == "total 4.0\n"
+        assert cells[6].stdout == "scaled [10, 20]\n"
+        assert cells[7].result["text/plain"] == "3"
+        assert cells[8].stdout == "fn 40\n"
+        assert "outcome='ok'" in cells[9].result["text/plain"], round_
 
 
 def test_papermill_runs_a_magic_notebook_with_parameters(tmp_path):

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 
+import pytest
 from reference_scripts import LEAVE
 
 from jupyter_ext.config_store import ConfigStore
@@ -27,6 +28,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.processes  # two ranks under accelerate launch
 def test_exported_config_launches_two_ranks_with_accelerate(tmp_path, monkeypatch):
     monkeypatch.delenv(config.ENV_CONFIG, raising=False)
     root = tmp_path / "root"

@@ -65,7 +65,7 @@ print("widgets added", len(_instances) - before)
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory):
+def executed(starts_kernels, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("progress")
     return _run_notebook(
         tmp,
@@ -174,6 +174,7 @@ def spin(n):
         pass
 
 
+@pytest.mark.processes
 def test_kernel_receives_a_bounded_number_of_progress_messages():
     notebook_launcher(spin_with_widgets, args=(100_000,), num_processes=2)
     rep = last_report()
@@ -189,6 +190,7 @@ def spin_with_widgets(n):
     spin(n)
 
 
+@pytest.mark.processes
 def test_text_fallback_in_terminal_ipython_draws_tqdm_text_on_rank0_stderr(tmp_path):
     script = tmp_path / "run.ipy"
     script.write_text(

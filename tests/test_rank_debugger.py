@@ -5,15 +5,11 @@ breakpoint() and torch.distributed.breakpoint(rank=N) on rank 1, two ranks stopp
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("debugger")))
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("debugger"))
 
 
 def _answers(*values):

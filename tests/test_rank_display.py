@@ -8,16 +8,16 @@ import subprocess
 import sys
 
 import pytest
-from kernel import REPO, Kernel
+from kernel import REPO
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("display")))
+def kernel(kernel_with, tmp_path_factory):
     # as a notebook would: IPython's display names imported in a cell before the launch
-    k.run("%load_ext kernelside\nfrom IPython.display import display, update_display, clear_output, HTML").ok()
-    yield k
-    k.shutdown()
+    return kernel_with(
+        "from IPython.display import display, update_display, clear_output, HTML",
+        cwd=tmp_path_factory.mktemp("display"),
+    )
 
 
 def _rank_outputs(cell):
@@ -192,6 +192,7 @@ if rank == 0:
     assert "not shown here" not in cell.stdout
 
 
+@pytest.mark.processes
 def test_a_rank_that_imports_ipython_after_start_up_still_sends_rich_output():
     # a spawned rank in text mode has not imported IPython when nblaunch sets it up: the display
     # functions are replaced when the rank's code first imports them

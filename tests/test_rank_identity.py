@@ -5,7 +5,6 @@ that only make sense from inside a rank: a nested launch, and a rank that left o
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 LIGHTNING_MODULE = """
 import torch, lightning as L
@@ -24,12 +23,12 @@ class Regressor(L.LightningModule):
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("identity")))  # Lightning writes lightning_logs/ here
+def kernel(kernel_with, tmp_path_factory):
     # the notebook imports the libraries first: their import-time view of the kernel is what ranks inherit
-    k.run("%load_ext kernelside\nimport sys, lightning\nfrom kernelside import notebook_launcher, last_report").ok()
-    yield k
-    k.shutdown()
+    return kernel_with(
+        "import sys, lightning\nfrom kernelside import notebook_launcher, last_report",
+        cwd=tmp_path_factory.mktemp("identity"),  # Lightning writes lightning_logs/ here
+    )
 
 
 def test_ranks_have_no_interactive_shell_markers_even_though_the_kernel_has(kernel):

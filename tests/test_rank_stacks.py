@@ -10,20 +10,11 @@ import re
 import time
 
 import pytest
-from kernel import Cell, Kernel
+from harness import wait_until
+from kernel import Cell
 
 from jupyter_ext.run_files import RunDir
 from kernelside.launch.rank_stacks import StackRequest, describe
-
-
-def _wait(condition, timeout=60.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def _running_folder(base):
@@ -38,10 +29,8 @@ def _running_folder(base):
 
 
 @pytest.fixture
-def kernel(tmp_path):
-    k = Kernel(cwd=str(tmp_path), env={"TMPDIR": str(tmp_path)})
-    yield k
-    k.shutdown()
+def kernel(new_kernel, tmp_path):
+    return new_kernel(load_ext=False, cwd=tmp_path, env={"TMPDIR": str(tmp_path)})
 
 
 def test_stacks_of_a_running_cell_name_its_lines_the_notebook_function_and_the_barrier(kernel, tmp_path):
@@ -55,12 +44,12 @@ def test_stacks_of_a_running_cell_name_its_lines_the_notebook_function_and_the_b
     cell.msg_id = kernel.kc.execute(
         "%%distributed -n 2\nimport torch.distributed as dist\nif rank == 0:\n    hold('release')\ndist.barrier()\n"
     )
-    folder = _wait(lambda: _running_folder(tmp_path / f"nblaunch-{os.getuid()}"), what="the running cell")
-    _wait(lambda: (folder / "rank1.log").exists(), what="rank 1")
+    folder = wait_until(lambda: _running_folder(tmp_path / f"nblaunch-{os.getuid()}"), what="the running cell")
+    wait_until(lambda: (folder / "rank1.log").exists(), what="rank 1")
     try:
         with RunDir.open(str(folder)) as d:
             t0 = time.monotonic()
-            answer = _wait(
+            answer = wait_until(
                 lambda: (
                     (a := d.request({"op": "stacks"}, 2.0, max_bytes=1 << 22))["ranks"][1].get("collective")
                     and "in hold" in (a["ranks"][0].get("where") or "")

@@ -7,15 +7,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel import Kernel
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("stdin")))
-    k.run("%load_ext kernelside\nimport sys, time").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with("import sys, time", cwd=tmp_path_factory.mktemp("stdin"))
 
 
 def _answers(*values):

@@ -3,23 +3,12 @@ holds its rank's stdout and stderr; without widgets the lines stay [rank N]-pref
 
 from __future__ import annotations
 
-import pytest
-from kernel import Kernel
-
 CELL = """%%distributed -n 2 --output all
 import sys
 for i in range(3):
     print(f"rank {rank} line {i}", flush=True)
 print(f"warning from rank {rank}", file=sys.stderr)
 """
-
-
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
 
 
 def _states(cell) -> dict:

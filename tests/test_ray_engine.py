@@ -17,7 +17,7 @@ from netns import run_isolated
 
 
 @pytest.fixture(scope="module")
-def shown():
+def shown(starts_kernels):
     proc = run_isolated([sys.executable, os.path.join(REPO, "tests", "ray_driver.py")], timeout=420)
     assert proc.returncode == 0, proc.stderr[-6000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -52,6 +52,7 @@ def test_interrupt_stops_the_ray_job_and_the_next_launch_gets_the_cluster(shown)
     assert shown["left"] == []  # ray.shutdown() stopped the head and its workers
 
 
+@pytest.mark.processes
 def test_engine_ray_without_ray_installed_says_how_to_install_it():
     code = (
         "import sys; sys.modules['ray'] = None\n"  # as if Ray were not installed

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from harness import send_stop
 
 from jupyter_ext import rank_resources, run_files
 from kernelside import LaunchStoppedError, WorkerError, notebook_launcher
@@ -89,18 +90,6 @@ def config_with_logs(tmp_path: Path) -> tuple[Path, Path]:
     cfg = tmp_path / "nblaunch.yaml"
     cfg.write_text(f"log_dir: {logs}\n")
     return cfg, logs
-
-
-def send_stop(run_dir: Path) -> dict:
-    dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY)  # pytest's folders can be too long for sun_path
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-            s.settimeout(5)
-            s.connect(run_control.socket_address(str(run_dir), dir_fd))
-            s.sendall(b'{"op": "stop"}\n')
-            return json.loads(s.makefile().readline())
-    finally:
-        os.close(dir_fd)
 
 
 def test_a_launch_keeps_state_json_from_running_to_done_with_ranks_and_report(tmp_path):

@@ -9,74 +9,15 @@ The test stops the server by its pid.
 
 from __future__ import annotations
 
-import json
-import os
-import re
-import secrets
-import signal
-import subprocess
-import sys
-import threading
-import urllib.request
-
 import pytest
-
-TESTS = os.path.dirname(os.path.abspath(__file__))
-START_TIMEOUT_S = 120  # a loaded 2-core machine starts a Jupyter server in seconds; this is the give-up time
-
-
-class _Server:
-    """A jupyter server subprocess; ``port`` is set once its log says it listens there."""
-
-    def __init__(self, root: str):
-        self.port, self.token = None, secrets.token_hex(16)
-        env = {**os.environ, "PYTHONPATH": TESTS + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "jupyter_server", "--no-browser", "--ip=127.0.0.1", "--port=0",
-             "--port-retries=0", f"--IdentityProvider.token={self.token}", f"--ServerApp.root_dir={root}",
-             "--ServerApp.jpserver_extensions={'jupyter_ext': True, 'server_modules_probe': True}",
-             "--allow-root"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env, cwd=root,
-            start_new_session=True,
-        )  # fmt: skip
-        self.log: list[str] = []
-        self.running = threading.Event()  # it listens, or it has exited
-        self.reader = threading.Thread(target=self._read_log, daemon=True)
-        self.reader.start()
-
-    def _read_log(self) -> None:
-        for line in self.proc.stderr:  # drained to the end, so the server never blocks on its log
-            self.log.append(line)
-            listening = re.search(r"nblaunch-test: listening on port (\d+)", line)
-            if listening:
-                self.port = int(listening.group(1))
-                self.running.set()
-        self.running.set()  # it exited: wake the waiter, who reads the log
-
-    def get(self, path: str):
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/{path}", headers={"Authorization": f"token {self.token}"}
-        )
-        with urllib.request.urlopen(request, timeout=60) as response:
-            return response.status, json.loads(response.read())
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # the session this test started, by its id
-                self.proc.wait(10)
-        self.reader.join(10)
-        self.proc.stderr.close()
+from harness import SERVER_START_TIMEOUT_S, JupyterServer
 
 
 @pytest.fixture
-def server(tmp_path):
-    srv = _Server(str(tmp_path))
+def server(starts_processes, tmp_path):
+    srv = JupyterServer(str(tmp_path))
     try:
-        assert srv.running.wait(START_TIMEOUT_S) and srv.port, "".join(srv.log[-30:])
+        assert srv.running.wait(SERVER_START_TIMEOUT_S) and srv.port, "".join(srv.log[-30:])
         yield srv
     finally:
         srv.stop()

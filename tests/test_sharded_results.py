@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 import pytest
-from kernel import Kernel
 
 SETUP = """
 import pickle, time
@@ -41,12 +40,8 @@ def no_dist_refs(obj):
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    k.run(SETUP).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with(SETUP)
 
 
 def _lines(cell) -> list[str]:

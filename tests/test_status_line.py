@@ -7,15 +7,11 @@ from __future__ import annotations
 import re
 
 import pytest
-from kernel import Kernel
 
 
 @pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport time").ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with):
+    return kernel_with("import time")
 
 
 class StatusLines:

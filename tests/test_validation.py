@@ -9,7 +9,6 @@ import os
 
 import pytest
 import yaml
-from kernel import Kernel
 
 import kernelside
 from jupyter_ext.config_store import ConfigStore
@@ -159,14 +158,6 @@ FLAG_CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def kernel():
-    k = Kernel()
-    k.run("%load_ext kernelside").ok()
-    yield k
-    k.shutdown()
-
-
 def _children(pid: int) -> set[int]:
     with open(f"/proc/{pid}/task/{pid}/children") as fh:
         return {int(p) for p in fh.read().split()}
@@ -183,17 +174,13 @@ def test_a_bad_flag_value_starts_nothing_and_names_the_flag(kernel, tmp_path, fl
     assert "engines/local.py" not in "".join(cell.error["traceback"])
 
 
-def test_distributed_config_marks_an_invalid_value_in_the_file(tmp_path):
+def test_distributed_config_marks_an_invalid_value_in_the_file(tmp_path, new_kernel):
     (tmp_path / "nblaunch.yaml").write_text("num_processes: 3\nmain_process_port: 70000\n")
-    k = Kernel(cwd=str(tmp_path), env={"HF_HOME": str(tmp_path / "hf")})
-    try:
-        k.run("%load_ext kernelside").ok()
-        out = k.run("%distributed_config").ok().stdout
-        line = next(ln for ln in out.splitlines() if "main_process_port" in ln)
-        assert "70000" in line and "invalid" in line and "1 to 65535" in line
-        assert "plan: not possible" in out
-    finally:
-        k.shutdown()
+    k = new_kernel(cwd=str(tmp_path), env={"HF_HOME": str(tmp_path / "hf")})
+    out = k.run("%distributed_config").ok().stdout
+    line = next(ln for ln in out.splitlines() if "main_process_port" in ln)
+    assert "70000" in line and "invalid" in line and "1 to 65535" in line
+    assert "plan: not possible" in out
 
 
 def test_saving_a_valid_port_range_edge_from_the_panel_is_read_back_by_a_launch(tmp_path):

@@ -29,6 +29,7 @@ def rank_facts():
 """
 
 
+@pytest.mark.kernel
 def test_a_kernel_with_cuda_up_launches_through_the_forkserver_and_leaves_nothing(gpus):
     k = Kernel()
     pids: list[int] = []

@@ -123,6 +123,7 @@ def test_distributed_magic_from_ipython_returns_the_model_on_cpu(tmp_path, gpus)
     assert facts["torch_initialized"] is False and facts["detected"] is False
 
 
+@pytest.mark.kernel
 def test_jupyter_kernel_gets_the_model_back_on_cpu_without_initializing_cuda(gpus):
     from kernel import Kernel  # tests/kernel.py: a real ipykernel through jupyter_client
 

@@ -105,7 +105,7 @@ def test_the_runs_view_maps_each_ranks_gpu_memory_to_its_rank_with_cuda_visible_
     """Two ranks on one card through gloo (gpu_ids="0"), the launching process seeing only the last GPU, named
     by its UUID: the state file names each rank's pid and that GPU, and the server's /nblaunch/runs answer gives
     each rank the memory NVML counts for that pid, on the NVML index of that GPU."""
-    from test_server_without_torch import _Server  # the real `jupyter server` starter of the server tests
+    from harness import JupyterServer  # the real `jupyter server` starter of the server tests
 
     _, handle, uuid = visible[-1]
     nvml_index = nvml.nvmlDeviceGetIndex(handle)
@@ -119,7 +119,7 @@ def test_the_runs_view_maps_each_ranks_gpu_memory_to_its_rank_with_cuda_visible_
     env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, env.get("PYTHONPATH")) if p)
     root = tmp_path / "root"
     root.mkdir()
-    server = _Server(str(root))
+    server = JupyterServer(str(root))
     owner = subprocess.Popen(
         [sys.executable, str(script), str(release), json.dumps(MIB)],
         cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -49,6 +49,7 @@ def _assert_state_and_step_in_sync(k: Kernel, n: int) -> None:
     assert got == str([(True, f"weights of rank {r}", "nccl") for r in range(n)])
 
 
+@pytest.mark.kernel
 def test_a_live_nccl_rank_aborts_its_communicator_rebuilds_in_place_and_its_ddp_model_trains_on():
     k = Kernel()
     try:
@@ -91,16 +92,12 @@ def test_a_live_nccl_rank_aborts_its_communicator_rebuilds_in_place_and_its_ddp_
 
 
 @pytest.fixture(scope="module")
-def two(gpus):
+def two(kernel_with, gpus):
     if gpus < 2:
         pytest.skip(f"{TWO_GPUS}; this machine has {gpus}")
-    k = Kernel()
-    k.run("%load_ext kernelside\nimport os, time", timeout=120).ok()
-    k.run("%distributed_start -n 2 --backend nccl", timeout=300).ok()
-    k.run(DDP, timeout=120).ok()
+    k = kernel_with("import os, time", "%distributed_start -n 2 --backend nccl", DDP, timeout=300)
     yield k
     k.run("%distributed_stop", timeout=60)
-    k.shutdown()
 
 
 def test_rank_error_while_its_peer_waits_on_an_nccl_all_reduce_keeps_state_and_pids(two):

@@ -11,17 +11,13 @@ rank 1 from two GPUs on, the only rank on one GPU. Rank 1 with peers on one card
 from __future__ import annotations
 
 import pytest
-from kernel import Kernel
 
 pytestmark = pytest.mark.usefixtures("gpu_left_clean")
 
 
 @pytest.fixture(scope="module")
-def kernel(tmp_path_factory):
-    k = Kernel(cwd=str(tmp_path_factory.mktemp("gpu-debugger")))
-    k.run("%load_ext kernelside", timeout=120).ok()
-    yield k
-    k.shutdown()
+def kernel(kernel_with, tmp_path_factory):
+    return kernel_with(cwd=tmp_path_factory.mktemp("gpu-debugger"))
 
 
 def _answers(*values):

@@ -76,7 +76,7 @@ def snapshot(artifacts):
 
 
 @pytest.fixture
-def lab_server(tmp_path):
+def lab_server(tmp_path, starts_kernels):
     """``jupyter lab`` serving a fresh root with ``demo.ipynb``; stopped (by PID) after the test."""
     root = tmp_path / "root"
     root.mkdir()

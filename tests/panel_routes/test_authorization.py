@@ -13,8 +13,8 @@ import socket
 import threading
 
 import pytest
+from harness import fetch, forge_run
 from jupyter_server.auth import Authorizer
-from test_runs_routes import fetch, forge_run, run_base  # noqa: F401 - fixture
 from tornado.httpclient import HTTPClientError
 from traitlets.config import Config
 
@@ -90,7 +90,7 @@ class FakeKernel(threading.Thread):
 
 
 @pytest.fixture
-def live_run(run_base):  # noqa: F811 - the fixture imported above
+def live_run(run_base):
     """A run that looks live (its lock held, a control socket listening), and the fake kernel behind it."""
     d, lock = forge_run(run_base, RUN, {"state": "running", "control": True, "engine": "local"}, hold_lock=True)
     kernel = FakeKernel(d)

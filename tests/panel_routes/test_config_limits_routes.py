@@ -10,9 +10,7 @@ import json
 import time
 
 import pytest
-from test_config_limits import ALIAS_BOMB, HOSTILE
-from test_panel_routes import fetch_json
-from test_runs_routes import fetch, forge_run, run_base  # noqa: F401 - fixture
+from harness import ALIAS_BOMB, HOSTILE, fetch, fetch_json, forge_run
 
 from kernelside.config import resolve_config
 from kernelside.errors import LaunchConfigError

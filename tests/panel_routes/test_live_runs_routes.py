@@ -10,14 +10,16 @@ import sys
 import time
 from pathlib import Path
 
-from test_runs_routes import REPO, fetch, run_base, state_of, wait_blocking, wait_for  # noqa: F401 - run_base: fixture
+import pytest
+from harness import REPO, fetch, state_of, wait_until, wait_until_async
 
 from jupyter_ext.rank_resources import is_that_process
 
 OWNER = Path(__file__).with_name("live_owner.py")
 
 
-async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cells_ends_it(jp_fetch, run_base):  # noqa: F811
+@pytest.mark.processes
+async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cells_ends_it(jp_fetch, run_base):
     env = dict(os.environ, TMPDIR=str(run_base.parent))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("NBLAUNCH_CONFIG", None)
@@ -32,7 +34,7 @@ async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cel
         start_new_session=True,
     )
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
         code, runs = await fetch(jp_fetch)
         assert code == 200
         (run,) = [r for r in runs if r["id"] == state["id"]]
@@ -44,9 +46,11 @@ async def test_a_live_session_is_listed_idle_with_two_ranks_and_stop_between_cel
         sent = time.monotonic()
         code, reply = await fetch(jp_fetch, state["id"], "stop", method="POST")
         assert code == 200 and reply["stopping"] is True
-        await wait_for(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
+        await wait_until_async(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
         ranks = state_of(run_base)["ranks"]
-        await wait_for(lambda: not any(is_that_process(r["pid"], r["pid_start"]) for r in ranks), 5, "ranks gone")
+        await wait_until_async(
+            lambda: not any(is_that_process(r["pid"], r["pid_start"]) for r in ranks), 5, "ranks gone"
+        )
         assert time.monotonic() - sent < 2.0
         code, detail = await fetch(jp_fetch, state["id"])
         assert detail["state"] == "stopped" and not detail["can_stop"]

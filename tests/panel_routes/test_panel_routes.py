@@ -8,21 +8,9 @@ import os
 import pytest
 import torch
 import yaml
-from tornado.httpclient import HTTPClientError
+from harness import fetch_json
 
 from kernelside import config
-
-
-async def fetch_json(jp_fetch, *path, method="GET", body=None):
-    """Status and JSON of a request; error answers are returned, not raised."""
-    kwargs = {"method": method}
-    if body is not None:
-        kwargs["body"] = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    try:
-        response = await jp_fetch("nblaunch", *path, **kwargs)
-    except HTTPClientError as e:
-        response = e.response
-    return response.code, json.loads(response.body)
 
 
 async def test_get_config_returns_path_values_schema_and_warnings(jp_fetch, jp_root_dir):

@@ -4,47 +4,21 @@ launches owned by another process (``run_owner.py``) and over forged run folders
 from __future__ import annotations
 
 import asyncio
-import fcntl
 import json
 import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
-from tornado.httpclient import HTTPClientError
+from harness import REPO, fetch, forge_run, state_of, wait_until, wait_until_async
 
 from jupyter_ext.rank_resources import is_that_process, proc_start_time
 from kernelside.run_contract import log_times_record
 
 OWNER = Path(__file__).with_name("run_owner.py")
-REPO = Path(__file__).resolve().parents[2]
-
-
-async def fetch(jp_fetch, *path, method="GET", params=None, body=None):
-    """Status and JSON of a request; error answers are returned, not raised."""
-    kwargs = {"method": method, "params": params}
-    if method == "POST":
-        kwargs["body"] = json.dumps(body or {})
-    try:
-        response = await jp_fetch("nblaunch", "runs", *path, **kwargs)
-    except HTTPClientError as e:
-        response = e.response
-    return response.code, json.loads(response.body)
-
-
-@pytest.fixture
-def run_base(tmp_path, monkeypatch) -> Path:
-    """The server's default run folder base, under this test's own temp dir."""
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
-    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    base = tmp / f"nblaunch-{os.getuid()}"
-    base.mkdir()
-    return base
 
 
 class Owner:
@@ -59,39 +33,8 @@ class Owner:
         return out
 
 
-async def wait_for(condition, timeout=60.0, what="condition"):
-    """Wait (without blocking the server under test) until ``condition()`` is truthy."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        await asyncio.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def state_of(base: Path) -> dict | None:
-    for d in sorted(base.glob("run-*")):
-        try:
-            return json.loads((d / "state.json").read_text())
-        except (OSError, ValueError):
-            return None
-    return None
-
-
-def wait_blocking(condition, timeout=60.0, what="condition"):
-    """``wait_for`` for fixtures, where no server request is in flight."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.fixture
-def owner(run_base, jp_root_dir):
+def owner(starts_processes, run_base, jp_root_dir):
     """A live 2-rank run (600 lines per rank, 0.1 s apart) owned by another process, as a kernel of
     this server's (Jupyter names the notebook by its full path) would own it."""
     notebook = jp_root_dir / "work" / "demo.ipynb"
@@ -109,28 +52,13 @@ def owner(run_base, jp_root_dir):
     )
     o = Owner(process, run_base)
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
         o.run_id = state["id"]
         yield o
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)  # the session this test started, by its id
         process.communicate(timeout=30)
-
-
-def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = False):
-    """A run folder made by hand; with ``hold_lock`` the test holds its lock, as a live kernel would."""
-    d = base / name
-    d.mkdir(mode=0o700)
-    if state is not None:
-        (d / "state.json").write_text(json.dumps({"id": name, **state}))
-    (d / "rank0.log").write_text("".join(f"forged line {i}\n" for i in range(5)))
-    fd = os.open(d / ".in-use", os.O_CREAT | os.O_RDWR, 0o644)
-    if hold_lock:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        return d, fd
-    os.close(fd)
-    return d, None
 
 
 async def test_runs_lists_a_live_run_first_with_notebook_engine_state_and_elapsed(
@@ -172,13 +100,15 @@ async def test_run_detail_carries_each_ranks_figures_over_time_one_entry_per_req
 
 
 async def test_log_tail_returns_the_last_lines_and_offset_follows_the_run(jp_fetch, run_base, owner):
-    await wait_for(lambda: (run_base / owner.run_id / "rank1.log").read_text().count("\n") >= 5, what="5 lines")
+    await wait_until_async(lambda: (run_base / owner.run_id / "rank1.log").read_text().count("\n") >= 5, what="5 lines")
     code, tail = await fetch(jp_fetch, owner.run_id, "ranks", "1", "log", params={"tail": "3"})
     assert code == 200 and tail["live"] is True and tail["log"] == "rank1.log"
     lines = tail["text"].splitlines()
     assert len(lines) == 3 and all(line.startswith("rank 1 line ") for line in lines)
     assert tail["end"] == tail["size"]
-    await wait_for(lambda: (run_base / owner.run_id / "rank1.log").stat().st_size > tail["end"], what="more output")
+    await wait_until_async(
+        lambda: (run_base / owner.run_id / "rank1.log").stat().st_size > tail["end"], what="more output"
+    )
     code, more = await fetch(jp_fetch, owner.run_id, "ranks", "1", "log", params={"offset": str(tail["end"])})
     assert code == 200 and more["start"] == tail["end"] and more["text"].startswith("rank 1 line ")
     last = int(lines[-1].split()[-1])
@@ -213,9 +143,9 @@ async def test_stop_ends_a_live_run_within_2s_and_its_owner_raises_the_panel_err
     t0 = time.monotonic()
     code, answer = await fetch(jp_fetch, owner.run_id, "stop", method="POST")
     assert code == 200 and answer["stopping"] is True
-    await wait_for(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
+    await wait_until_async(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
     assert time.monotonic() - t0 < 2.0
-    await wait_for(lambda: owner.process.poll() is not None, timeout=10, what="the owner to return")
+    await wait_until_async(lambda: owner.process.poll() is not None, timeout=10, what="the owner to return")
     assert owner.process.returncode == 3
     assert "STOPPED: LaunchStoppedError: nblaunch: the run was stopped from the launch panel" in owner.output()
     assert not any(is_that_process(pid, start) for pid, start in pids), "a rank outlived Stop"
@@ -230,7 +160,7 @@ async def test_stop_on_a_run_that_has_ended_is_refused_with_the_reason(jp_fetch,
 
 
 @pytest.fixture
-def stranger():
+def stranger(starts_processes):
     """A process of this test's that a forged state file names as a rank and as the kernel."""
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
     yield process

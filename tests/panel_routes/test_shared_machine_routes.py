@@ -11,7 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from test_runs_routes import fetch, forge_run
+from harness import fetch, forge_run
 
 RUN = "run-20200101-000000-planted"
 

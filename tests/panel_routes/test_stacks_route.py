@@ -11,13 +11,13 @@ import time
 from pathlib import Path
 
 import pytest
-from test_runs_routes import REPO, fetch, forge_run, run_base, state_of, wait_blocking  # noqa: F401 - fixture
+from harness import REPO, fetch, forge_run, state_of, wait_until
 
 OWNER = Path(__file__).with_name("stacks_owner.py")
 
 
 @pytest.fixture
-def barrier_run(run_base, jp_root_dir):  # noqa: F811 - the fixture imported above
+def barrier_run(starts_processes, run_base, jp_root_dir):
     """A live run whose rank 1 sits in barrier() and rank 0 in wait_for_release(); released at the end."""
     env = dict(os.environ, TMPDIR=str(run_base.parent))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
@@ -33,9 +33,9 @@ def barrier_run(run_base, jp_root_dir):  # noqa: F811 - the fixture imported abo
         start_new_session=True,
     )
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "running" and s, what="running")
         folder = run_base / state["id"]
-        wait_blocking(
+        wait_until(
             lambda: (
                 all("in place" in (folder / f"rank{r}.log").read_text() for r in (0, 1))
                 if all((folder / f"rank{r}.log").exists() for r in (0, 1))
@@ -73,13 +73,13 @@ async def test_stacks_name_the_barrier_rank_1_waits_in_and_rank_0s_line_within_1
     assert code == 200 and again["ranks"][1]["collective"] == "barrier"
 
 
-async def test_stacks_of_a_run_that_has_ended_are_refused_with_the_reason(jp_fetch, run_base):  # noqa: F811
+async def test_stacks_of_a_run_that_has_ended_are_refused_with_the_reason(jp_fetch, run_base):
     forge_run(run_base, "run-20200101-000000-finished", {"state": "done", "control": True})
     code, answer = await fetch(jp_fetch, "run-20200101-000000-finished", "stacks", method="POST")
     assert code == 409 and "is not running (done): no stacks to show" in answer["message"]
 
 
-async def test_stacks_of_a_run_whose_kernel_is_gone_say_so_and_signal_nothing(jp_fetch, run_base):  # noqa: F811
+async def test_stacks_of_a_run_whose_kernel_is_gone_say_so_and_signal_nothing(jp_fetch, run_base):
     d, fd = forge_run(run_base, "run-20200101-000000-nosocket", {"state": "running", "control": True}, hold_lock=True)
     try:
         (d / "rank0.stacks").write_text("nblaunch-stacks main=0x1\n")
@@ -89,7 +89,8 @@ async def test_stacks_of_a_run_whose_kernel_is_gone_say_so_and_signal_nothing(jp
     assert code == 409 and "no control socket" in answer["message"]
 
 
-async def test_stacks_of_an_idle_live_session_show_each_rank_waiting_for_its_next_cell(jp_fetch, run_base):  # noqa: F811
+@pytest.mark.processes
+async def test_stacks_of_an_idle_live_session_show_each_rank_waiting_for_its_next_cell(jp_fetch, run_base):
     env = dict(os.environ, TMPDIR=str(run_base.parent))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
     env.pop("NBLAUNCH_CONFIG", None)
@@ -104,7 +105,7 @@ async def test_stacks_of_an_idle_live_session_show_each_rank_waiting_for_its_nex
         start_new_session=True,
     )
     try:
-        state = wait_blocking(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
+        state = wait_until(lambda: (s := state_of(run_base)) and s["state"] == "idle" and s, what="idle")
         t0 = time.monotonic()
         code, answer = await fetch(jp_fetch, state["id"], "stacks", method="POST")
         assert code == 200, answer
