@@ -99,7 +99,7 @@ def rank_log_name(rank: int) -> str:
 
 
 def rank_stacks_name(rank: int) -> str:
-    """The file name where rank ``rank`` dumps its stacks when its kernel asks (``worker/stack_signal.py``).
+    """The file name where rank ``rank`` dumps its stacks when its kernel asks (``worker/stack_answer.py``).
 
     Example::
 

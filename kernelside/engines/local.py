@@ -20,7 +20,7 @@ import socket
 from ..launch import warmup
 from ..worker.entry import Payload
 from ..worker.lifecycle import RankSpec
-from ..worker.stack_signal import stacks_path
+from ..worker.stack_answer import stacks_path
 from . import forkserver
 from .contract import Engine, launch_settings
 from .local_group import WorkerGroup
