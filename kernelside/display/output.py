@@ -37,6 +37,7 @@ SHOW_RATE_BYTES = 256 * 1024
 SHOW_BURST_BYTES = 1024 * 1024
 SHOW_RESUME_BYTES = SHOW_BURST_BYTES // 2  # once over budget, the cell waits until this much is back
 HELD_TAIL_LINES = 20  # of the lines held back, the last ones are shown when the run ends
+HELD_TAIL_BYTES = 64 * 1024  # ... at most this much of them (the end of a very long line)
 MAX_MESSAGE_BYTES = 64 * 1024  # flush the cell's stream this often: no single output message is larger
 PARTIAL_FLUSH_S = 0.25
 MAX_PENDING = 1 << 16
@@ -132,7 +133,7 @@ class RankOutputRouter:
                 data, buf.data = buf.data, b""
                 self._emit(rank, stream, data if data.endswith((b"\n", b"\r")) else data + b"\n")
         if self.held_back:  # the head was shown; now the count and the tail
-            tail = "".join(self.held_tail)
+            tail = "".join(self.held_tail)[-HELD_TAIL_BYTES:]
             self._write("stdout", self._held_back_note().replace("]\n", f"; the last {len(self.held_tail)}:]\n"))
             self._write("stdout", tail if tail.endswith("\n") else tail + "\n")
             self.held_back = 0
@@ -218,16 +219,25 @@ class RankOutputRouter:
         """Write, flushing at line boundaries so that no single output message exceeds MAX_MESSAGE_BYTES."""
         sink = self.sinks[stream]
         self.written.add(stream)
-        if self.unflushed + len(text) <= MAX_MESSAGE_BYTES:
+        if self.unflushed + _size(text) <= MAX_MESSAGE_BYTES:
             sink.write(text)
-            self.unflushed += len(text)
+            self.unflushed += _size(text)
             return
-        for line in text.splitlines(keepends=True):
-            if self.unflushed and self.unflushed + len(line) > MAX_MESSAGE_BYTES:
-                sink.flush()
-                self.unflushed = 0
-            sink.write(line)
-            self.unflushed += len(line)
+        for whole in text.splitlines(keepends=True):
+            # a line longer than a message goes in pieces of one message each (UTF-8: 4 bytes a character at most)
+            piece = MAX_MESSAGE_BYTES if whole.isascii() else MAX_MESSAGE_BYTES // 4
+            for at in range(0, len(whole), piece):
+                line = whole[at : at + piece]
+                if self.unflushed and self.unflushed + _size(line) > MAX_MESSAGE_BYTES:
+                    sink.flush()
+                    self.unflushed = 0
+                sink.write(line)
+                self.unflushed += _size(line)
+
+
+def _size(text: str) -> int:
+    """``text``'s size in an output message (UTF-8)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
 
 
 def _append(folder: str, name: str):

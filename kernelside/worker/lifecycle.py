@@ -207,7 +207,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         )
         rank_identity.become_launched_worker(spec.rank)  # no interactive markers, clean Accelerate state
         if replies_fd >= 0:  # the local engine: a kernel loop reads this rank's pipes, in order
-            output_positions.marks_are_read()
+            output_positions.marks_are_read(events)
             rank_display.install(events, spec.rank)  # rank 0's display() / plt.show() reach the cell
             rank_stdin.install(events, replies_fd, spec.rank)  # rank 0's input() / pdb answered in the cell
         if spec.init_process_group:
