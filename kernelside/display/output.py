@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import time
 
@@ -81,22 +82,32 @@ class RankOutputRouter:
         self.written: set[str] = set()  # the streams this router wrote to: finish() flushes only those
         self.times = _LogTimes(log_dir)  # when each rank's bytes arrived (rank<N>.times, for the Runs view)
         self.log_sizes: dict[int, int] = {}
+        self.log_failed: dict[int, OSError] = {}  # ranks whose log could not be written (a full disk): said once
         for r in range(world_size):
             self.log_paths[r] = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract (the server's)
             # every rank has its log from the start; it is opened at its first bytes
-            os.close(open_in(log_dir, rank_log_name(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+            try:
+                os.close(open_in(log_dir, rank_log_name(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+            except OSError:
+                pass  # (no room for even an empty file: the rank's first bytes say so in the cell)
 
     def shown(self, rank: int) -> bool:
         return self.mode == "all" or (self.mode == "rank0" and rank == 0)
 
     def feed(self, rank: int, stream: str, data: bytes) -> None:
-        log = self.logs.get(rank)
-        if log is None:  # (a live cell that prints nothing opens no file)
-            log = self.logs[rank] = _append(self.log_dir, rank_log_name(rank))
-            self.log_sizes[rank] = os.fstat(log.fileno()).st_size
-        log.write(data)
-        self.log_sizes[rank] += len(data)
-        self.times.arrived(rank, self.log_sizes[rank])
+        if rank not in self.log_failed:
+            try:
+                log = self.logs.get(rank)
+                if log is None:  # (a live cell that prints nothing opens no file)
+                    log = self.logs[rank] = _append(self.log_dir, rank_log_name(rank))
+                    self.log_sizes[rank] = os.fstat(log.fileno()).st_size
+                log.write(data)
+                self.log_sizes[rank] += len(data)
+                self.times.arrived(rank, self.log_sizes[rank])
+            except OSError as e:  # a full disk costs the log what follows, never the output or the run
+                if not self.log_failed:  # said once per run
+                    self._write("stderr", self._log_failed_note(rank, e))
+                self.log_failed[rank] = e
         buf = self.buffers[(rank, stream)]
         if not buf.data:
             buf.since = time.monotonic()
@@ -208,6 +219,18 @@ class RankOutputRouter:
         self.held_back += len(lines)
         self.held_tail.extend(lines)
         self.held_rank = rank
+
+    def _log_failed_note(self, rank: int, e: OSError) -> str:
+        why = e.strerror or str(e)
+        if e.errno == errno.ENOSPC:
+            why = f"the disk holding {self.log_dir} is full"
+        elif e.errno == errno.EDQUOT:
+            why = f"your disk quota for {self.log_dir} is used up"
+        return (
+            f"[nblaunch: rank {rank}'s log {self.log_paths[rank]} could not be written ({why}): the ranks' output "
+            "still shows here as ever, but their logs (and the Runs view) miss what follows; free space or set "
+            "log_dir to another disk]\n"
+        )
 
     def _held_back_note(self) -> str:
         return (

@@ -66,7 +66,12 @@ def install(path: str) -> threading.Thread | None:
             os.close(ask_fd)
             raise PermissionError(f"nblaunch: {os.path.join(folder, ask)} was swapped for something else")
         answerer = _Answerer(dir_fd, name, ask_fd, threading.main_thread().ident)
-        answerer.write()  # answer 0: the file exists only once the thread can answer
+        try:
+            answerer.write()  # answer 0: the file exists only once the thread can answer
+        except OSError:  # a full disk: the rank runs without stacks (the kernel says it cannot answer)
+            os.close(ask_fd)
+            os.close(dir_fd)
+            return None
     except BaseException:
         os.close(dir_fd)
         raise
