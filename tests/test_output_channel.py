@@ -25,9 +25,7 @@ def kernel(tmp_path):
     k.shutdown()
 
 
-def test_mark_like_text_a_rank_prints_reaches_the_cell_as_text_at_once_and_rich_output_stays_in_order(
-    kernel, tmp_path
-):
+def test_mark_like_text_a_rank_prints_reaches_the_cell_as_text_at_once_and_rich_output_stays_in_order(kernel, tmp_path):
     seen = tmp_path / "seen"
     code = (
         "%%distributed -n 2\nimport os, time, sys\nfrom IPython.display import display, HTML\nif rank == 0:\n"
