@@ -18,6 +18,11 @@ PRINT_5MB = (
     "print('end', rank)"
 )
 
+STATE = (
+    "%%distributed\nimport torch.distributed as dist\nseen = [None] * world_size\n"
+    "dist.all_gather_object(seen, (rank, kept, pid))\nprint('state', seen)"
+)
+
 
 @pytest.fixture
 def small_disk(tmp_path):
@@ -61,5 +66,29 @@ def test_a_full_disk_under_the_run_folders_ends_the_cell_with_one_clear_message_
         assert "ok 2" in k.run("print('ok', 1 + 1)").ok().stdout
         os.unlink(small_disk / "filler")
         assert "again 0" in k.run("%%distributed -n 2\nprint('again', rank)").ok().stdout
+    finally:
+        k.shutdown()
+
+
+def test_a_full_disk_in_a_live_session_keeps_every_ranks_state_and_names_the_disk(small_disk, tmp_path):
+    k = Kernel(cwd=str(tmp_path), env={"TMPDIR": str(small_disk)})
+    try:
+        k.run("%load_ext kernelside").ok()
+        k.run("%distributed_start -n 2", timeout=300).ok()
+        k.run("%%distributed\nkept = rank * 10\nimport os\npid = os.getpid()").ok()
+        before = k.run(STATE).ok().stdout
+        _fill(small_disk)
+        cell = k.run(PRINT_5MB.replace("%%distributed -n 2", "%%distributed"), timeout=300)
+        assert cell.error is None, "\n".join(cell.error["traceback"])
+        assert "end 0" in cell.stdout and "out of memory" not in cell.stdout + cell.stderr
+        assert sum("could not be written" in line for line in cell.stderr.splitlines()) == 1, cell.stderr
+        after = k.run(STATE).ok().stdout
+        # every rank's value is still there, in the same rank processes (no restart)
+        assert sorted(line for line in after.splitlines() if "state" in line) == sorted(
+            line for line in before.splitlines() if "state" in line
+        ), (before, after)
+        assert "(1, 10, " in after
+        os.unlink(small_disk / "filler")
+        k.run("%distributed_stop", timeout=120).ok()
     finally:
         k.shutdown()
