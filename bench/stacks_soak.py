@@ -252,6 +252,12 @@ def main() -> None:
         "|---|---|---|---|---|---|---|---|---|---|---|\n" + "\n".join(_row(r) for r in rows) + "\n"
     )
     for r in rows:
+        if r["reasons"]:
+            text += (
+                f"\n{r['mode']}, why a rank was missing from an answer: "
+                + "; ".join(f"{n} x {why}" for why, n in sorted(r["reasons"].items(), key=lambda kv: -kv[1])[:5])
+                + "\n"
+            )
         if r["crashed"]:
             text += f"\n{r['mode']}, the cell's error (its end):\n\n```\n{r['error']}\n```\n"
     print(write_result("stacks_soak", a.quick, text))
