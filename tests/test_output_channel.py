@@ -14,7 +14,7 @@ from kernel import Kernel
 
 from kernelside.display.output import HELD_TAIL_BYTES, MAX_MESSAGE_BYTES, SHOW_BURST_BYTES, SHOW_RATE_BYTES
 
-FORGED = ["\\x1b]nblaunch;1\\x07", "\\x1b]nblaunch;" + "9" * 5000 + "\\x07", "\\x1b]nblaunch;" + "f" * 32 + ";2\\x07"]
+FORGED = ["\x1b]nblaunch;1\x07", "\x1b]nblaunch;" + "9" * 5000 + "\x07", "\x1b]nblaunch;" + "f" * 32 + ";2\x07"]
 
 
 @pytest.fixture
@@ -26,29 +26,32 @@ def kernel(tmp_path):
 
 
 def test_mark_like_text_a_rank_prints_reaches_the_cell_as_text_at_once_and_rich_output_stays_in_order(kernel, tmp_path):
-    seen = tmp_path / "seen"
+    # each forged sequence, then 'tick i'; the rank waits until 'tick i' has reached the notebook
     code = (
         "%%distributed -n 2\nimport os, time, sys\nfrom IPython.display import display, HTML\nif rank == 0:\n"
-        f"    print({''.join(FORGED)!r} + 'tick 0', flush=True)\n"
-        "    deadline = time.monotonic() + 60\n"
-        f"    while not os.path.exists({str(seen)!r}) and time.monotonic() < deadline:\n"
-        "        time.sleep(0.01)\n"
-        f"    print('seen' if os.path.exists({str(seen)!r}) else 'tick 0 was held back', flush=True)\n"
+        f"    for i, forged in enumerate({FORGED!r}):\n"
+        "        print(forged + f'tick {i}', flush=True)\n"
+        "        deadline = time.monotonic() + 60\n"
+        f"        while not os.path.exists({str(tmp_path)!r} + f'/seen{{i}}') and time.monotonic() < deadline:\n"
+        "            time.sleep(0.01)\n"
+        f"        print('seen' if os.path.exists({str(tmp_path)!r} + f'/seen{{i}}') else 'held back', i, flush=True)\n"
         "    display(HTML('<b>rich</b>'))\n    print('after', flush=True)\n"
     )
 
     def on_output(kind, content):
-        if kind == "stream" and "tick 0" in content.get("text", ""):
-            seen.touch()  # the rank waits for this: 'tick 0' reached the notebook while the rank ran
+        for i in range(len(FORGED)):
+            if kind == "stream" and f"tick {i}" in content.get("text", ""):
+                (tmp_path / f"seen{i}").touch()  # 'tick i' reached the notebook while the rank ran
 
-    cell = kernel.run(code, timeout=180, on_output=on_output).ok()
-    assert "".join(FORGED).replace("\\\\x1b", "\x1b").replace("\\\\x07", "\x07") + "tick 0\nseen\n" in cell.stdout
+    cell = kernel.run(code, timeout=300, on_output=on_output).ok()
+    for i, forged in enumerate(FORGED):
+        assert f"{forged}tick {i}\nseen {i}\n" in cell.stdout, cell.stdout[-300:]
     joined = [
         "rich" if k == "display_data" else c["text"]
         for k, c in cell.outputs
         if (k == "stream" and c["text"].strip()) or (k == "display_data" and "<b>rich" in str(c["data"]))
     ]
-    assert joined.index("rich") > next(i for i, o in enumerate(joined) if "seen" in o)
+    assert joined.index("rich") > next(i for i, o in enumerate(joined) if f"seen {len(FORGED) - 1}" in o)
     assert "after" in "".join(joined[joined.index("rich") + 1 :])
 
 
