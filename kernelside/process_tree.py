@@ -25,6 +25,8 @@ import os
 import signal
 import time
 
+from .run_contract import proc_stat
+
 KEEP_ENV = "NBLAUNCH_KEEP"  # NBLAUNCH_KEEP=1 in a process's environment: it outlives the run on purpose
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -36,16 +38,6 @@ def adopt_orphans() -> bool:
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
-
-
-def _stat(pid: int) -> tuple[int, int, str] | None:
-    """(parent pid, start time in ticks after boot, state letter) of ``pid``, or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return int(fields[1]), int(fields[19]), fields[0].decode()
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _kept(pid: int) -> bool:
@@ -70,7 +62,7 @@ def descendants(roots, *, keep: bool = True) -> list[tuple[int, int]]:
                 continue
         except OSError:
             continue
-        st = _stat(pid)
+        st = proc_stat(pid)
         if st is not None:
             children.setdefault(st[0], []).append((pid, st[1], st[2]))
     found, todo = [], list(roots)
@@ -93,7 +85,7 @@ def stop(procs, sig: int = signal.SIGKILL) -> int:
         except OSError:
             continue  # gone
         try:
-            st = _stat(pid)
+            st = proc_stat(pid)
             if st is None or st[1] != start:
                 continue  # the pid is another process's now
             signal.pidfd_send_signal(fd, sig)

@@ -13,7 +13,7 @@ import time
 import pytest
 from kernel import Kernel
 
-from kernelside.process_tree import _stat
+from kernelside.run_contract import proc_stat as _stat
 
 START = """
 import json, os, subprocess, sys
