@@ -33,7 +33,6 @@ __all__ = ["CONTROL_SOCKET", "IN_USE_FILE", "STATE_FILE", "RunDir", "RunFileErro
 MAX_STATE_BYTES = 1 << 20
 MAX_LOG_CHUNK = 1 << 20  # one answer carries at most this much of a log
 _TIMES_BLOCK = 256  # records of a times file read at once
-_SUN_PATH_MAX = 107
 
 
 class RunFileError(Exception):
@@ -232,9 +231,7 @@ class RunDir:
             raise RunFileError(409, "the run has no control socket: its kernel is gone or the run has ended") from None
         if not stat.S_ISSOCK(st.st_mode):
             raise RunFileError(403, f"refused: {CONTROL_SOCKET} in {self.path} is not a socket")
-        path = os.path.join(self.path, CONTROL_SOCKET)
-        if len(path.encode()) > _SUN_PATH_MAX:
-            path = f"/proc/self/fd/{self.fd}/{CONTROL_SOCKET}"
+        path = f"/proc/self/fd/{self.fd}/{CONTROL_SOCKET}"  # the verified folder itself, not what its path names now
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
             s.settimeout(timeout)
             try:

@@ -71,6 +71,7 @@ class EventReader:
     """
 
     def __init__(self):
+        self.mark_token: bytes | None = None  # the rank's mark token (engines.rank_reader), kept with the framing
         self._head = bytearray()
         self._body: bytearray | None = None
         self._filled = 0

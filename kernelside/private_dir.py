@@ -17,6 +17,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import pwd
@@ -151,6 +152,27 @@ class OpenFolder(str):
             os.close(fd)
 
 
+@contextlib.contextmanager
+def folder_fd(folder: str):
+    """A descriptor of ``folder`` for ``dir_fd=`` calls: an ``OpenFolder``'s own, or the path opened without
+    following a link (closed after).
+
+    Example::
+
+        >>> with folder_fd(run_dir) as fd:   # doctest: +SKIP
+        ...     names = os.listdir(fd)
+    """
+    dir_fd = getattr(folder, "fd", None)
+    if dir_fd is not None:
+        yield dir_fd
+        return
+    dir_fd = os.open(folder, _DIR_FLAGS)
+    try:
+        yield dir_fd
+    finally:
+        os.close(dir_fd)
+
+
 def open_in(folder: str, name: str, flags: int, mode: int = 0o600) -> int:
     """Open (or make, owner-only) the file ``name`` inside ``folder`` without following a link: a descriptor.
 
@@ -160,25 +182,11 @@ def open_in(folder: str, name: str, flags: int, mode: int = 0o600) -> int:
 
         >>> fd = open_in(run_dir, "rank0.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND)   # doctest: +SKIP
     """
-    flags |= os.O_NOFOLLOW | os.O_CLOEXEC
-    dir_fd = getattr(folder, "fd", None)
-    if dir_fd is not None:
-        return os.open(name, flags, mode, dir_fd=dir_fd)
-    dir_fd = os.open(folder, _DIR_FLAGS)
-    try:
-        return os.open(name, flags, mode, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
+    with folder_fd(folder) as dir_fd:
+        return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
 
 
 def replace_in(folder: str, source: str, target: str) -> None:
     """Rename ``source`` over ``target``, both inside ``folder`` (by its descriptor when it is an ``OpenFolder``)."""
-    dir_fd = getattr(folder, "fd", None)
-    if dir_fd is not None:
+    with folder_fd(folder) as dir_fd:
         os.replace(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        return
-    dir_fd = os.open(folder, _DIR_FLAGS)
-    try:
-        os.replace(source, target, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)

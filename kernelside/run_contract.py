@@ -99,7 +99,7 @@ def rank_log_name(rank: int) -> str:
 
 
 def rank_stacks_name(rank: int) -> str:
-    """The file name where rank ``rank`` dumps its stacks when its kernel asks (``worker/stack_signal.py``).
+    """The file name where rank ``rank`` dumps its stacks when its kernel asks (``worker/stack_answer.py``).
 
     Example::
 
@@ -119,6 +119,18 @@ def proc_start_time(pid: int | None) -> int | None:
         >>> proc_start_time(os.getpid()) > 0
         True
     """
+    st = proc_stat(pid)
+    return st[1] if st is not None else None
+
+
+def proc_stat(pid: int | None) -> tuple[int, int, str] | None:
+    """(parent pid, start time in ticks after boot, state letter) from ``/proc/<pid>/stat``, or None when gone.
+
+    Example::
+
+        >>> proc_stat(os.getpid())[0] == os.getppid()
+        True
+    """
     if not pid:
         return None
     try:
@@ -129,7 +141,7 @@ def proc_start_time(pid: int | None) -> int | None:
     # the command name (field 2) may hold spaces and parentheses: count fields after its last ')'
     fields = stat[stat.rfind(b")") + 2 :].split()
     try:
-        return int(fields[19])  # field 22 overall = index 19 after pid and comm
+        return int(fields[1]), int(fields[19]), fields[0].decode()  # fields 4, 22 and 3 overall
     except (IndexError, ValueError):
         return None
 

@@ -12,7 +12,19 @@ import pytest
 from kernelside.channel import EventReader, encode
 from kernelside.engines.local_group import RankPipes
 from kernelside.engines.rank_reader import RankReader
-from kernelside.worker.output_positions import MARK
+from kernelside.worker.output_positions import mark_bytes
+
+TOKEN = b"0123456789abcdef" * 2
+
+
+class _Mark:
+    """``MARK % n``: mark n of the rank whose token the fixture announced."""
+
+    def __mod__(self, n: int) -> bytes:
+        return mark_bytes(TOKEN, n)
+
+
+MARK = _Mark()
 
 
 @pytest.fixture
@@ -21,6 +33,7 @@ def rank():
     sel = selectors.DefaultSelector()
     worker = types.SimpleNamespace(rank=0, pipes=pipes)
     reader = RankReader(worker, sel, EventReader())
+    os.write(pipes.events_w, encode("marks", {"token": TOKEN.decode()}))  # as start_rank's marks_are_read() does
     yield pipes, reader
     sel.close()
     for fd in (*pipes.read_ends(), *pipes.write_ends()):
@@ -81,3 +94,19 @@ def test_nothing_waits_for_a_mark_that_never_reached_the_pipe_or_an_event_that_n
     # the rank ended between a mark and its event: the end gives everything out, marks stripped
     os.write(pipes.stdout_w, b"x" + MARK % 5 + b"last words\n")
     assert _text(reader.drain(final=True)) == [("stdout", b"x"), ("stdout", b"last words\n")]
+
+
+def test_text_that_looks_like_a_mark_without_the_token_is_text_and_holds_nothing_back(rank):
+    pipes, reader = rank
+    forged = [b"\x1b]nblaunch;1\x07", b"\x1b]nblaunch;" + b"9" * 5000 + b"\x07", mark_bytes(b"f" * 32, 2)]
+    os.write(pipes.stdout_w, b"".join(forged) + b"tick 0\n")
+    items = reader.on_readable("stdout")
+    assert _text(items) == [("stdout", b"".join(forged) + b"tick 0\n")]
+
+
+def test_a_mark_read_before_the_token_event_waits_for_nothing_and_is_not_shown(rank):
+    pipes, reader = rank
+    os.write(pipes.stdout_w, b"before\n" + MARK % 1 + b"after\n")
+    os.write(pipes.events_w, encode("display", {"mark": 1}))
+    items = reader.on_readable("stdout")  # stdout first: the reader reads the token (and the event) itself
+    assert _text(items) == [("stdout", b"before\n"), ("event", "display"), ("stdout", b"after\n")]

@@ -76,13 +76,13 @@ def test_stacks_of_a_running_cell_name_its_lines_the_notebook_function_and_the_b
     ]
 
 
-def test_a_rank_that_has_ended_or_not_set_up_is_named_not_signalled(tmp_path):
+def test_a_rank_that_has_ended_or_not_set_up_is_named_not_asked(tmp_path):
     (tmp_path / "rank1.stacks").write_text("not nblaunch's\n")
     got = StackRequest.send(str(tmp_path), [(0, os.getpid(), "exit code 0"), (1, os.getpid(), None), (2, 1, None)])
     answer = got.collect(timeout=0.1)
     reasons = [r["reason"] for r in answer["ranks"]]
     assert reasons == [
         "rank 0 has ended (exit code 0): no stack to show",
-        f"rank 1's stack file {tmp_path / 'rank1.stacks'} is not nblaunch's: not signalled",
-        "rank 2 is still starting: it cannot dump its stack yet (ask again in a moment)",
+        f"rank 1's stack file {tmp_path / 'rank1.stacks'} is not nblaunch's: not asked",
+        "rank 2 is still starting: it cannot show its stack yet (ask again in a moment)",
     ]

@@ -24,6 +24,7 @@ Example::
 from __future__ import annotations
 
 import collections
+import errno
 import os
 import time
 
@@ -37,6 +38,7 @@ SHOW_RATE_BYTES = 256 * 1024
 SHOW_BURST_BYTES = 1024 * 1024
 SHOW_RESUME_BYTES = SHOW_BURST_BYTES // 2  # once over budget, the cell waits until this much is back
 HELD_TAIL_LINES = 20  # of the lines held back, the last ones are shown when the run ends
+HELD_TAIL_BYTES = 64 * 1024  # ... at most this much of them (the end of a very long line)
 MAX_MESSAGE_BYTES = 64 * 1024  # flush the cell's stream this often: no single output message is larger
 PARTIAL_FLUSH_S = 0.25
 MAX_PENDING = 1 << 16
@@ -80,22 +82,32 @@ class RankOutputRouter:
         self.written: set[str] = set()  # the streams this router wrote to: finish() flushes only those
         self.times = _LogTimes(log_dir)  # when each rank's bytes arrived (rank<N>.times, for the Runs view)
         self.log_sizes: dict[int, int] = {}
+        self.log_failed: dict[int, OSError] = {}  # ranks whose log could not be written (a full disk): said once
         for r in range(world_size):
             self.log_paths[r] = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract (the server's)
             # every rank has its log from the start; it is opened at its first bytes
-            os.close(open_in(log_dir, rank_log_name(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+            try:
+                os.close(open_in(log_dir, rank_log_name(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND))
+            except OSError:
+                pass  # (no room for even an empty file: the rank's first bytes say so in the cell)
 
     def shown(self, rank: int) -> bool:
         return self.mode == "all" or (self.mode == "rank0" and rank == 0)
 
     def feed(self, rank: int, stream: str, data: bytes) -> None:
-        log = self.logs.get(rank)
-        if log is None:  # (a live cell that prints nothing opens no file)
-            log = self.logs[rank] = _append(self.log_dir, rank_log_name(rank))
-            self.log_sizes[rank] = os.fstat(log.fileno()).st_size
-        log.write(data)
-        self.log_sizes[rank] += len(data)
-        self.times.arrived(rank, self.log_sizes[rank])
+        if rank not in self.log_failed:
+            try:
+                log = self.logs.get(rank)
+                if log is None:  # (a live cell that prints nothing opens no file)
+                    log = self.logs[rank] = _append(self.log_dir, rank_log_name(rank))
+                    self.log_sizes[rank] = os.fstat(log.fileno()).st_size
+                log.write(data)
+                self.log_sizes[rank] += len(data)
+                self.times.arrived(rank, self.log_sizes[rank])
+            except OSError as e:  # a full disk costs the log what follows, never the output or the run
+                if not self.log_failed:  # said once per run
+                    self._write("stderr", self._log_failed_note(rank, e))
+                self.log_failed[rank] = e
         buf = self.buffers[(rank, stream)]
         if not buf.data:
             buf.since = time.monotonic()
@@ -132,7 +144,7 @@ class RankOutputRouter:
                 data, buf.data = buf.data, b""
                 self._emit(rank, stream, data if data.endswith((b"\n", b"\r")) else data + b"\n")
         if self.held_back:  # the head was shown; now the count and the tail
-            tail = "".join(self.held_tail)
+            tail = "".join(self.held_tail)[-HELD_TAIL_BYTES:]
             self._write("stdout", self._held_back_note().replace("]\n", f"; the last {len(self.held_tail)}:]\n"))
             self._write("stdout", tail if tail.endswith("\n") else tail + "\n")
             self.held_back = 0
@@ -208,6 +220,18 @@ class RankOutputRouter:
         self.held_tail.extend(lines)
         self.held_rank = rank
 
+    def _log_failed_note(self, rank: int, e: OSError) -> str:
+        why = e.strerror or str(e)
+        if e.errno == errno.ENOSPC:
+            why = f"the disk holding {self.log_dir} is full"
+        elif e.errno == errno.EDQUOT:
+            why = f"your disk quota for {self.log_dir} is used up"
+        return (
+            f"[nblaunch: rank {rank}'s log {self.log_paths[rank]} could not be written ({why}): the ranks' output "
+            "still shows here as ever, but their logs (and the Runs view) miss what follows; free space or set "
+            "log_dir to another disk]\n"
+        )
+
     def _held_back_note(self) -> str:
         return (
             f"[nblaunch: {self.held_back} line(s) not shown here: output above {SHOW_RATE_BYTES // 1024} KiB/s "
@@ -218,16 +242,25 @@ class RankOutputRouter:
         """Write, flushing at line boundaries so that no single output message exceeds MAX_MESSAGE_BYTES."""
         sink = self.sinks[stream]
         self.written.add(stream)
-        if self.unflushed + len(text) <= MAX_MESSAGE_BYTES:
+        if self.unflushed + _size(text) <= MAX_MESSAGE_BYTES:
             sink.write(text)
-            self.unflushed += len(text)
+            self.unflushed += _size(text)
             return
-        for line in text.splitlines(keepends=True):
-            if self.unflushed and self.unflushed + len(line) > MAX_MESSAGE_BYTES:
-                sink.flush()
-                self.unflushed = 0
-            sink.write(line)
-            self.unflushed += len(line)
+        for whole in text.splitlines(keepends=True):
+            # a line longer than a message goes in pieces of one message each (UTF-8: 4 bytes a character at most)
+            piece = MAX_MESSAGE_BYTES if whole.isascii() else MAX_MESSAGE_BYTES // 4
+            for at in range(0, len(whole), piece):
+                line = whole[at : at + piece]
+                if self.unflushed and self.unflushed + _size(line) > MAX_MESSAGE_BYTES:
+                    sink.flush()
+                    self.unflushed = 0
+                sink.write(line)
+                self.unflushed += _size(line)
+
+
+def _size(text: str) -> int:
+    """``text``'s size in an output message (UTF-8)."""
+    return len(text) if text.isascii() else len(text.encode("utf-8", "replace"))
 
 
 def _append(folder: str, name: str):

@@ -29,7 +29,6 @@ import glob
 import io
 import logging
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -39,7 +38,7 @@ import cloudpickle
 from ..errors import LaunchError
 from ..worker.lifecycle import RankSpec, run_rank
 from ..worker.std_streams import flush_all, forget_kernel_shell, fresh_std_streams
-from . import warmup
+from . import elastic_files, warmup
 from .contract import Engine, ExitStatus, launch_settings
 from .elastic_events import KernelEvents, RankEvents
 
@@ -74,8 +73,7 @@ def _elastic_entry(blob, base: dict, error_dir: str):
     env = base["env"]
     os.environ.update(env)
     rank = int(os.environ["RANK"])
-    with open(os.path.join(error_dir, f"rank{rank}.pid"), "w") as fh:  # the kernel stops workers by these
-        fh.write(str(os.getpid()))
+    elastic_files.write_pid(error_dir, rank)  # the kernel stops workers by these
     try:
         if base["stdio_from_kernel"]:
             fresh_std_streams()  # fork: the kernel's stream objects would write to its ZMQ sockets
@@ -120,8 +118,7 @@ class _LogTails:
     def tail(self, rank: int, n: int = 20) -> str:
         lines = []
         for path in self.paths(rank):
-            with open(path, errors="replace") as fh:
-                lines += fh.readlines()[-n:]
+            lines += elastic_files.read_log_lines(path, n)
         return "".join(lines[-n:])
 
 
@@ -170,7 +167,7 @@ class ElasticEngine(Engine):
         return self.req.elastic.get("rdzv_id") or "none"
 
     def prepare(self) -> int:
-        os.makedirs(self.error_dir, exist_ok=True)
+        self.error_dir = elastic_files.make_error_dir(self.log_dir)  # (owner-only, by the run folder's descriptor)
         if self.plan.start_method == "fork":
             warmup.ensure()
         plan = self.plan
@@ -275,10 +272,8 @@ class ElasticEngine(Engine):
         """This machine's workers that are still running: the pids they wrote, each proven to be a child of
         this kernel (torch's agent runs in it) before it is signalled, so a reused pid is never hit."""
         pids = []
-        for path in glob.glob(os.path.join(self.error_dir, "rank*.pid")):
+        for pid in elastic_files.read_pids(self.error_dir):
             try:
-                with open(path) as fh:
-                    pid = int(fh.read())
                 with open(f"/proc/{pid}/stat") as fh:
                     ppid = int(fh.read().rsplit(")", 1)[1].split()[1])
             except (ValueError, OSError, IndexError):
@@ -311,12 +306,11 @@ class ElasticEngine(Engine):
 
     def _record_failures(self, e, recorder) -> None:
         # torch lists the failures it saw first; a rank that raised a moment later left its error file too.
-        recorded = {int(os.path.basename(p)[4:-6]) for p in glob.glob(os.path.join(self.error_dir, "rank*.error"))}
+        recorded = set(elastic_files.error_ranks(self.error_dir))
         for rank in sorted(set(e.failures) | recorded):
-            path = os.path.join(self.error_dir, f"rank{rank}.error")
-            if os.path.exists(path):
-                with open(path, "rb") as fh:
-                    recorder.event(rank, "error", pickle.load(fh))
+            payload = elastic_files.read_error(self.error_dir, rank)
+            if payload is not None:
+                recorder.event(rank, "error", payload)
             else:
                 pf = e.failures[rank]
                 status = ExitStatus(None, -pf.exitcode) if pf.exitcode < 0 else ExitStatus(pf.exitcode, None)

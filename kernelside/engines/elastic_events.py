@@ -26,10 +26,11 @@ Example::
 from __future__ import annotations
 
 import datetime
-import os
 import pickle
 import sys
 import threading
+
+from .elastic_files import write_error
 
 QUEUE_KEY = "nblaunch/{run}/events"
 DRAINED_KEY = "nblaunch/{run}/drained"
@@ -55,7 +56,7 @@ class RankEvents:
     the pickled result kept for the entry to return to torch."""
 
     def __init__(self, error_dir: str, rank: int, endpoint: tuple[str, int] | None, run: str):
-        self.path = os.path.join(error_dir, f"rank{rank}.error")
+        self.error_dir = error_dir
         self.rank = rank
         self.result: bytes | None = None
         self.key = QUEUE_KEY.format(run=run)
@@ -69,8 +70,7 @@ class RankEvents:
 
     def send(self, kind, payload=None) -> None:
         if kind == "error":
-            with open(self.path, "wb") as fh:
-                pickle.dump(payload, fh)
+            write_error(self.error_dir, self.rank, payload)  # (owner-only, inside the run folder, no link followed)
             return
         if self.store is None:
             return

@@ -19,7 +19,7 @@ import socket
 
 from ..worker.entry import RankStart
 from ..worker.lifecycle import RankSpec
-from ..worker.stack_signal import stacks_path
+from ..worker.stack_answer import stacks_path
 from . import forkserver, warmup
 from .contract import Engine, launch_settings
 from .local_group import WorkerGroup

@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from .. import interrupts
+from .. import interrupts, process_tree
 from ..worker.entry import SPAWN_COMMAND, RankStart, enter_forked, spawn_env
 from .contract import ExitStatus
 
@@ -104,6 +104,7 @@ class WorkerGroup:
     def __init__(self):
         self.workers: list[Worker] = []
         self.closed = False
+        self.strays: set[tuple[int, int]] = set()  # what the ranks started, noted before each signal (process_tree)
 
     # -- start ------------------------------------------------------------------------
     @classmethod
@@ -179,6 +180,8 @@ class WorkerGroup:
 
     # -- stop -------------------------------------------------------------------------
     def signal_all(self, sig: int) -> None:
+        # what the ranks started, noted before they are signalled: a SIGKILLed rank cannot end its own tree
+        self.strays.update(process_tree.descendants([w.pid for w in self.workers if not w.reaped]))
         for w in self.workers:
             if not w.reaped:
                 try:
@@ -233,6 +236,7 @@ class WorkerGroup:
             self.signal_all(signal.SIGKILL)
             for w in self.workers:
                 self._reap(w)
+            process_tree.stop(self.strays)  # by pid and start time: a reused pid is never signalled
             self.closed = True
 
     def _reap(self, w: Worker) -> None:

@@ -11,7 +11,10 @@ what it read back as one ordered list of items:
 - an event without a mark (progress, metrics…) goes out as it comes.
 
 Nothing waits on the rank: a mark that never reaches the pipe (fd 1 closed by user code) is not
-waited for, and at the end whatever is held goes out (marks stripped). The kernel loop only
+waited for, and at the end whatever is held goes out (marks stripped). A mark carries the rank's token,
+which the rank sends as its first event (``marks``) before it writes any mark: text that looks like a
+mark without it (printed by user code, with any number of digits) is passed on as text, and a mark
+seen before the token's event was read makes the reader read the event pipe first. The kernel loop only
 multiplexes: it hands each readable pipe to its rank's reader and routes the items.
 
 Example::
@@ -28,20 +31,22 @@ import re
 import selectors
 
 from ..channel import EventReader
+from ..worker.output_positions import MARK_START, TOKEN_BYTES
 
-MARK = re.compile(rb"\x1b\]nblaunch;(\d+)\x07")
-MARK_START = b"\x1b]nblaunch;"
 STREAMS = ("stdout", "stderr")
+MAX_MARK_DIGITS = 18  # a rank numbers its marks from 1: never more digits than this
+_TOKEN = re.compile(rb"[0-9a-f]{%d}" % (2 * TOKEN_BYTES))
 
 
-def _complete_end(buf: bytearray) -> int:
-    """How much of ``buf`` can go out: all but a trailing start of a mark (its rest is still in the pipe)."""
-    i = buf.rfind(b"\x1b", max(0, len(buf) - len(MARK_START) - 20))
+def _complete_end(buf: bytearray, start: bytes) -> int:
+    """How much of ``buf`` can go out: all but a trailing start of a mark ``start`` + digits (its rest is
+    still in the pipe)."""
+    i = buf.rfind(b"\x1b", max(0, len(buf) - len(start) - MAX_MARK_DIGITS - 1))
     if i < 0:
         return len(buf)
     tail = bytes(buf[i:])
-    head, digits = tail[: len(MARK_START)], tail[len(MARK_START) :]
-    if MARK_START.startswith(head) and (not digits or digits.isdigit()):
+    head, digits = tail[: len(start)], tail[len(start) :]
+    if start.startswith(head) and (not digits or digits.isdigit()):
         return i
     return len(buf)
 
@@ -61,6 +66,10 @@ class RankReader:
         self.blocked: dict[str, int | None] = dict.fromkeys(STREAMS)  # a mark read whose event has not come
         self.released = 0  # the highest mark whose event has gone out
         self.items: list[tuple] = []
+        self.mark = None  # the rank's marks (a pattern with its token), once its ``marks`` event is read
+        self.mark_start = MARK_START
+        if events.mark_token is not None:  # (a live rank's token came in an earlier run)
+            self._learn(events.mark_token)
 
     # -- what the loop calls ----------------------------------------------------------------
     def on_readable(self, kind: str) -> list[tuple]:
@@ -79,7 +88,8 @@ class RankReader:
         if final:
             for s in STREAMS:
                 self.blocked[s] = None
-                self._emit(s, MARK.sub(b"", bytes(self.held[s])))
+                held = bytes(self.held[s])
+                self._emit(s, self.mark.sub(b"", held) if self.mark is not None else held)
                 self.held[s].clear()
         return self._take()
 
@@ -108,7 +118,17 @@ class RankReader:
             return None
         return data
 
+    def _learn(self, token: bytes) -> None:
+        self.events.mark_token = token
+        self.mark_start = MARK_START + token + b";"
+        self.mark = re.compile(re.escape(self.mark_start) + rb"(\d{1,%d})\x07" % MAX_MARK_DIGITS)
+
     def _event(self, kind: str, payload) -> None:
+        if kind == "marks":  # the rank's token: sent before its first mark, never shown
+            token = payload.get("token") if isinstance(payload, dict) else None
+            if isinstance(token, str) and _TOKEN.fullmatch(token.encode()) and self.mark is None:
+                self._learn(token.encode())
+            return
         mark = payload.get("mark") if isinstance(payload, dict) else None
         if mark is None:
             self.items.append(("event", kind, payload))
@@ -142,10 +162,17 @@ class RankReader:
     def _advance(self, stream: str) -> None:
         """Give out the held text of ``stream`` up to its next mark whose event has not gone out."""
         buf = self.held[stream]
+        if self.mark is None and (i := buf.find(MARK_START)) >= 0:
+            # a mark, or text that looks like one: what is before it goes out, and the token (sent before
+            # any mark) is in the event pipe
+            self._emit(stream, bytes(buf[:i]))
+            del buf[:i]
+            while self.mark is None and (data := self._read("events")) is not None:
+                self._consume("events", data)
         while self.blocked[stream] is None:
-            m = MARK.search(buf)
+            m = self.mark.search(buf) if self.mark is not None else None
             if m is None:
-                end = _complete_end(buf)
+                end = _complete_end(buf, self.mark_start)
                 self._emit(stream, bytes(buf[:end]))
                 del buf[:end]
                 return

@@ -1,16 +1,18 @@
 """Every rank's current Python stack, asked for while the run goes on.
 
-Each rank registers ``faulthandler`` on ``STACKS_SIGNAL`` into its own ``rank<N>.stacks`` file in
-the run folder (``worker/stack_signal.py``). faulthandler writes from a C signal handler, without
-the GIL, so a rank answers even while its main thread is blocked inside a C-level collective
-(a gloo ``barrier`` waiting for a peer): exactly when a person wants to know where it is.
+Each rank answers in its own ``rank<N>.stacks`` file in the run folder, from a thread of its own that
+waits on the FIFO ``rank<N>.stacks.ask`` (``worker/stack_answer.py``): no signal, so asking can never
+hurt a rank, at any rate. The thread dumps with the GIL held, and a main thread blocked inside a C-level
+collective (a gloo ``barrier`` waiting for a peer) has released it: the rank answers exactly when a
+person wants to know where it is.
 
-Here, in the kernel that started the ranks (the only process that may signal them: it holds their
-zombies, so a pid cannot have been reused), ``StackRequest.send`` signals each rank that has set its
-file up, and ``collect`` waits for the dumps (bounded by ``ANSWER_TIMEOUT_S``) and parses them into
-per-rank frames (file, line, function; cells named as the notebook shows them) and the
-``torch.distributed`` collective the main thread waits in, if any. A rank that does not answer is
-named with the reason. This module never imports torch: the answer is parsed from text.
+Here, in the kernel that started the ranks, ``StackRequest.send`` writes one byte into the FIFO of each
+rank that has set its answer up (both opened inside the run folder, without following a link, and
+accepted only as this user's FIFO and plain file), and ``collect`` waits for each rank's next answer
+(bounded by ``ANSWER_TIMEOUT_S``) and parses it into per-rank frames (file, line, function; cells named
+as the notebook shows them) and the ``torch.distributed`` collective the main thread waits in, if any.
+A rank that does not answer is named with the reason. This module never imports torch: the answer is
+parsed from text.
 
 Example::
 
@@ -22,17 +24,22 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
 import re
+import stat
 import time
 
+from ..private_dir import folder_fd, open_in
 from ..short_traceback import is_nblaunch_file
-from ..worker.stack_signal import HEADER, STACKS_SIGNAL, stacks_path
+from ..worker.stack_answer import ASK_SUFFIX, HEADER, stacks_path
 
 ANSWER_TIMEOUT_S = 0.5
 MAX_FRAMES = 80  # per thread, innermost kept: a deep recursion must not make the answer huge
+MAX_ANSWER_BYTES = 1 << 20  # faulthandler writes at most 100 frames of 100 threads: far less than this
 _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
+_HEAD = re.compile(r"^" + re.escape(HEADER) + r"([0-9a-f]{1,16}) answer=([0-9]{1,18})$")
 _C10D = os.sep + os.path.join("torch", "distributed", "distributed_c10d.py")
 _CELL = "<%%distributed cell "
 _LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
@@ -42,50 +49,83 @@ _LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
 class _Pending:
     rank: int
     pid: int
-    path: str
-    offset: int  # the file's size before the signal: the answer is what follows
+    name: str  # the answer file's name in the run folder
+    seen: int  # the rank's answer count before this request: the answer is a later one
     main: str  # the rank's main thread id, as faulthandler writes it (0x + 16 hex digits)
 
 
-class StackRequest:
-    """One request for stacks: the ranks signalled now, their answers read by ``collect()``."""
+class NotAnAnswer(Exception):
+    """The stacks file is not a rank's answer (not nblaunch's, or not a plain file of this user's)."""
 
-    def __init__(self, pending: list[_Pending], missing: dict[int, str]):
-        self.pending, self.missing = pending, missing
+
+def read_answer(run_dir: str, name: str, whole: bool = True) -> tuple[str, int, str]:
+    """(main thread id, answer count, text) of the answer file ``name`` in ``run_dir``; ``NotAnAnswer``
+    if it is not one, ``OSError`` if it cannot be read (``FileNotFoundError``: not made yet)."""
+    fd = open_in(run_dir, name, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        # (no link beyond its name; 0 links: the answer just replaced by the next one, still whole)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.getuid() or st.st_nlink > 1:
+            raise NotAnAnswer("not a plain file of this user's")
+        data = os.read(fd, MAX_ANSWER_BYTES if whole else 128)
+    finally:
+        os.close(fd)
+    head, _, text = data.partition(b"\n")
+    m = _HEAD.match(head.decode("ascii", "replace"))
+    if m is None:
+        raise NotAnAnswer("not nblaunch's")
+    return "0x" + m.group(1).rjust(16, "0"), int(m.group(2)), text.decode("utf-8", "replace")
+
+
+def ask_rank(run_dir: str, name: str) -> None:
+    """One byte into the rank's FIFO (non-blocking: a full FIFO already holds a request it will answer)."""
+    fd = open_in(run_dir, name + ASK_SUFFIX, os.O_WRONLY | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.getuid():
+            raise NotAnAnswer("its request FIFO is not a FIFO of this user's")
+        try:
+            os.write(fd, b"?")
+        except BlockingIOError:
+            pass
+    finally:
+        os.close(fd)
+
+
+class StackRequest:
+    """One request for stacks: the ranks asked now, their answers read by ``collect()``."""
+
+    def __init__(self, run_dir: str, pending: list[_Pending], missing: dict[int, str]):
+        self.run_dir, self.pending, self.missing = run_dir, pending, missing
 
     @classmethod
     def send(cls, run_dir: str, ranks) -> StackRequest:
-        """Signal every live rank of ``ranks`` = [(rank, pid, exit_description or None)]; returns at once.
-
-        Call it only from the process that started (and has not reaped) those pids.
-        """
+        """Ask every live rank of ``ranks`` = [(rank, pid, exit_description or None)]; returns at once."""
         pending, missing = [], {}
         for rank, pid, ended in ranks:
             if ended is not None:
                 missing[rank] = f"rank {rank} has ended ({ended}): no stack to show"
                 continue
-            path = stacks_path(run_dir, rank)
+            name = os.path.basename(stacks_path(run_dir, rank))
             try:
-                with open(path, "rb") as f:
-                    head = f.readline().decode("ascii", "replace")
-                    offset = f.seek(0, os.SEEK_END)
-            except OSError:  # the rank sets its file up first thing: before that, a signal would kill it
-                missing[rank] = f"rank {rank} is still starting: it cannot dump its stack yet (ask again in a moment)"
+                main, seen, _ = read_answer(run_dir, name, whole=False)
+                ask_rank(run_dir, name)
+            except NotAnAnswer as e:
+                missing[rank] = f"rank {rank}'s stack file {stacks_path(run_dir, rank)} is {e}: not asked"
                 continue
-            if not head.startswith(HEADER):
-                missing[rank] = f"rank {rank}'s stack file {path} is not nblaunch's: not signalled"
+            except OSError as e:
+                if e.errno == errno.ENXIO:  # a FIFO nobody reads: the rank's process is gone
+                    missing[rank] = f"rank {rank} (pid {pid}) has just ended: no stack to show"
+                else:  # the rank makes its answer file first thing: before that it cannot answer
+                    missing[rank] = (
+                        f"rank {rank} is still starting: it cannot show its stack yet (ask again in a moment)"
+                    )
                 continue
-            try:
-                os.kill(pid, STACKS_SIGNAL)
-            except ProcessLookupError:
-                missing[rank] = f"rank {rank} (pid {pid}) has just ended: no stack to show"
-                continue
-            main = "0x" + head[len(HEADER) :].strip().rjust(16, "0")
-            pending.append(_Pending(rank, pid, path, offset, main))
-        return cls(pending, missing)
+            pending.append(_Pending(rank, pid, name, seen, main))
+        return cls(run_dir, pending, missing)
 
     def collect(self, timeout: float = ANSWER_TIMEOUT_S, label=None) -> dict:
-        """Wait (``timeout`` at most) for each signalled rank's dump; ``{"ranks": [...]}`` ordered by rank.
+        """Wait (``timeout`` at most) for each asked rank's answer; ``{"ranks": [...]}`` ordered by rank.
 
         Each entry: ``rank``, ``answered``, and either ``frames`` (main thread, outermost first),
         ``collective``, ``where``, ``threads`` (the other threads' frames), or ``reason``.
@@ -93,20 +133,16 @@ class StackRequest:
         """
         deadline = time.monotonic() + timeout
         texts: dict[int, str] = {}
-        sizes: dict[int, int] = {}
         waiting = list(self.pending)
         while waiting:
             for p in list(waiting):
                 try:
-                    size = os.stat(p.path).st_size
-                except OSError:
-                    size = p.offset
-                # faulthandler writes the whole dump from its handler at once: a size that grew and then
-                # held still for one poll is a finished dump
-                if size > p.offset and sizes.get(p.rank) == size:
-                    texts[p.rank] = _read_from(p.path, p.offset)
+                    _, answers, text = read_answer(self.run_dir, p.name)
+                except (OSError, NotAnAnswer):
+                    continue
+                if answers > p.seen:  # (the rank renames each answer into place whole)
+                    texts[p.rank] = text
                     waiting.remove(p)
-                sizes[p.rank] = size
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
@@ -123,27 +159,26 @@ class StackRequest:
 def remove_files(run_dir: str) -> None:
     """The run is over: its ranks' stack files go (they only serve requests while it runs)."""
     try:
-        names = os.listdir(run_dir)
+        with folder_fd(run_dir) as dir_fd:
+            for name in os.listdir(dir_fd):
+                if name.startswith("rank") and (name.endswith(".stacks") or ".stacks." in name):
+                    try:
+                        os.unlink(name, dir_fd=dir_fd)
+                    except OSError:
+                        pass
     except OSError:
         return
-    for name in names:
-        if name.startswith("rank") and (name.endswith(".stacks") or ".stacks." in name):
-            try:
-                os.unlink(os.path.join(run_dir, name))
-            except OSError:
-                pass
 
 
 def parse_dump(text: str, main: str, label=None) -> dict:
     """faulthandler's text → the main thread's frames (outermost first), its collective, the other threads."""
-    threads: dict[str, list[dict]] = {}
+    threads: dict[str, list[dict] | None] = {}
     current = None
     for line in text.splitlines():
         m = _THREAD.match(line)
         if m:
-            if m.group(2) in threads:
-                break  # a thread seen again: the dump of a request asked just after this one begins
-            current = threads[m.group(2)] = []
+            # the answering thread ('Current thread') is nblaunch's, not the rank's: left out
+            current = threads[m.group(2)] = [] if m.group(1) == "Thread" or m.group(2) == main else None
             continue
         m = _FRAME.match(line)
         if m and current is not None:
@@ -153,7 +188,7 @@ def parse_dump(text: str, main: str, label=None) -> dict:
     collective = next((f["function"] for f in reversed(frames) if _is_collective(f)), None)
     user = [f for f in frames if f["user"]]
     where = user[-1]["where"] if user else (frames[-1]["where"] if frames else None)
-    others = [{"thread": tid, "frames": list(reversed(fs[:MAX_FRAMES]))} for tid, fs in threads.items()]
+    others = [{"thread": t, "frames": list(reversed(fs[:MAX_FRAMES]))} for t, fs in threads.items() if fs is not None]
     return {"frames": frames, "collective": collective, "where": where, "threads": others}
 
 
@@ -216,12 +251,6 @@ def _cell_place(filename: str, lineno: int | None) -> str | None:
 
 def _is_collective(frame: dict) -> bool:
     return frame["file"].endswith(_C10D) and not frame["function"].startswith("_")
-
-
-def _read_from(path: str, offset: int) -> str:
-    with open(path, "rb") as f:
-        f.seek(offset)
-        return f.read(1 << 20).decode("utf-8", "replace")
 
 
 def _silence_reason(p: _Pending, timeout: float) -> str:

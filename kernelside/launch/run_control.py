@@ -30,20 +30,20 @@ import socket
 import struct
 import threading
 
+from ..private_dir import folder_fd
 from ..run_contract import CONTROL_SOCKET  # the run folder's contract: the server connects by this name
 from . import rank_stacks
 
 STOPPED_MESSAGE = "the run was stopped from the launch panel (Stop): every rank was stopped and nothing is left running"
 MAX_REQUEST_BYTES = 4096
 MAX_PENDING = 8  # connections that have not sent their request yet; beyond this the oldest is dropped
-_SUN_PATH_MAX = 107
 
 
 def socket_address(run_dir: str, dir_fd: int | None = None) -> str:
-    """The address to bind or connect: the path, or a /proc/self/fd alias when the path is too long."""
-    path = os.path.join(run_dir, CONTROL_SOCKET)
-    if len(path.encode()) <= _SUN_PATH_MAX or dir_fd is None:
-        return path
+    """The address to bind or connect: ``/proc/self/fd/<dir_fd>/control.sock`` (the open run folder itself,
+    whatever its path names now, and never too long for ``sun_path``), or the path without a descriptor."""
+    if dir_fd is None:
+        return os.path.join(run_dir, CONTROL_SOCKET)
     return f"/proc/self/fd/{dir_fd}/{CONTROL_SOCKET}"
 
 
@@ -67,16 +67,14 @@ class RunControl:
     def listen(cls, run_dir: str) -> RunControl:
         """Create and bind the socket in ``run_dir`` (which must exist and be this user's)."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        dir_fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            listener.bind(socket_address(run_dir, dir_fd))
+            with folder_fd(run_dir) as dir_fd:  # the launch's open run folder (an OpenFolder), not its path
+                listener.bind(socket_address(run_dir, dir_fd))
             listener.listen(MAX_PENDING)
             listener.setblocking(False)
         except BaseException:
             listener.close()
             raise
-        finally:
-            os.close(dir_fd)
         return cls(run_dir, listener)
 
     def register(self, sel: selectors.BaseSelector, on_stop, on_stacks=None) -> None:
@@ -188,7 +186,8 @@ class RunControl:
             conn.close()
         self.listener.close()  # the loop's selector is closed by then (or never had it)
         try:
-            os.unlink(self.path)
+            with folder_fd(self.run_dir) as dir_fd:
+                os.unlink(CONTROL_SOCKET, dir_fd=dir_fd)
         except OSError:
             pass
 

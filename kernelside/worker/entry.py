@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 
+from .. import process_tree
 from ..channel import EventWriter
 from .lifecycle import RankSpec, error_payload, run_rank
 from .results import remember_kernel_main_objects
@@ -61,6 +62,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _run_and_exit(p: RankStart) -> None:
+    process_tree.adopt_orphans()  # what the rank starts stays below it, daemons included: ended with it
     if p.requests_fd >= 0:
         from .live_rank import serve_requests
 
@@ -72,6 +74,7 @@ def _run_and_exit(p: RankStart) -> None:
     # process-group destructor can deadlock on the GIL, and the group is nblaunch's (group_owner.py).
     _end_wandb_service()
     flush_all()
+    process_tree.end_descendants()  # nothing the rank started outlives it (NBLAUNCH_KEEP=1 excepted)
     os._exit(end.code)
 
 

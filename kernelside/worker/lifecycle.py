@@ -40,7 +40,7 @@ from . import (
     rank_identity,
     rank_stdin,
     sharded_results,
-    stack_signal,
+    stack_answer,
 )
 from .context import stamp
 from .results import dumps_result, unwrap_for_return
@@ -64,7 +64,7 @@ class RankSpec:
     # the engine ends the process with os._exit (local): user code's destroy_process_group() of the
     # default group is then a no-op, as nothing at the rank's end runs the group's destructor (group_owner.py)
     leaves_with_exit: bool = False
-    stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_signal.py); "" for none
+    stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_answer.py); "" for none
 
     @classmethod
     def build(
@@ -187,7 +187,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
 
     phase = "startup"
     try:
-        stack_signal.install(spec.stacks_file)  # first: a rank stuck in its start-up can be asked where it is
+        stack_answer.install(spec.stacks_file)  # first: a rank stuck in its start-up can be asked where it is
         os.environ.update(spec.env)
         if threading.current_thread() is threading.main_thread():  # (Ray Train runs ranks in a thread)
             signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -206,7 +206,7 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         )
         rank_identity.become_launched_worker(spec.rank)  # no interactive markers, clean Accelerate state
         if replies_fd >= 0:  # the local engine: a kernel loop reads this rank's pipes, in order
-            output_positions.marks_are_read()
+            output_positions.marks_are_read(events)
             rank_display.install(events, spec.rank)  # rank 0's display() / plt.show() reach the cell
             rank_stdin.install(events, replies_fd, spec.rank)  # rank 0's input() / pdb answered in the cell
         if spec.init_process_group:

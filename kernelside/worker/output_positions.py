@@ -7,6 +7,10 @@ The kernel's reader for the rank (``engines.rank_reader``) shows the text up to 
 event, then what follows. The order is exact, C-level output included: the mark goes down the same
 pipe as every byte written before it, whoever wrote them.
 
+What user code prints cannot pass for a mark: each rank process draws a random token when its marks
+start to be read, announces it first on the event channel (``marks``, which only nblaunch writes), and
+every mark carries it. Text that looks like a mark but lacks the token reaches the cell as text.
+
 Example::
 
     >>> print("hello"); send_marked(events, "display", {"data": {...}})    # doctest: +SKIP
@@ -18,10 +22,23 @@ import functools
 import io
 import itertools
 import os
+import secrets
 import sys
 import threading
 
-MARK = b"\x1b]nblaunch;%d\x07"  # an OSC sequence: invisible on a terminal, should one ever show it
+MARK_START = b"\x1b]nblaunch;"  # an OSC sequence: invisible on a terminal, should one ever show it
+TOKEN_BYTES = 16  # the token: 32 hex digits
+
+
+def mark_bytes(token: bytes, n: int) -> bytes:
+    """Mark number ``n`` of the rank whose token is ``token`` (``engines.rank_reader`` finds it).
+
+    Example::
+
+        >>> mark_bytes(b"00ff", 3)
+        b'\\x1b]nblaunch;00ff;3\\x07'
+    """
+    return MARK_START + token + b";%d\x07" % n
 
 
 def std_streams() -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
@@ -42,13 +59,17 @@ class _Marks:
         self.numbers = itertools.count(1)
         self.lock = threading.Lock()
         self.read = False  # fds 1/2 go to the kernel's ordered reader (else a mark would show as text)
+        self.token = b""
 
 
 _MARKS = _Marks()
 
 
-def marks_are_read() -> None:
-    """This rank's fds 1/2 are pipes the kernel's ``RankReader`` reads: ordered events write marks there."""
+def marks_are_read(events) -> None:
+    """This rank's fds 1/2 are pipes the kernel's ``RankReader`` reads: ordered events write marks there,
+    with this process's token, which goes to the kernel first (before any mark can be written)."""
+    _MARKS.token = secrets.token_hex(TOKEN_BYTES).encode()
+    events.send("marks", {"token": _MARKS.token.decode()})
     _MARKS.read = True
 
 
@@ -65,7 +86,7 @@ def send_marked(events, kind: str, payload: dict) -> None:
     with _MARKS.lock:
         n = next(_MARKS.numbers)
         _flush()
-        mark = MARK % n
+        mark = mark_bytes(_MARKS.token, n)
         for fd in (1, 2):
             try:
                 os.write(fd, mark)  # a few bytes: one atomic write into the pipe
