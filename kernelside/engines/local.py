@@ -18,6 +18,7 @@ import signal
 import socket
 
 from ..launch import warmup
+from ..worker import tqdm_holders
 from ..worker.entry import Payload
 from ..worker.lifecycle import RankSpec
 from ..worker.stack_signal import stacks_path
@@ -114,6 +115,7 @@ class LocalEngine(Engine):
         """Before the report exists: the imports forked ranks inherit, and the rendezvous port."""
         if self.plan.start_method == "fork":
             warmup.ensure()
+            tqdm_holders.prime()  # only what changed since the warm-up's walk: the ranks inherit the rest
         elif self.plan.start_method == "forkserver":
             self.template = forkserver.template_for_launch(self.out)
             self.start_method = "forkserver" if self.template is not None else "spawn"
