@@ -373,6 +373,7 @@ class RunRecorder:
     def _values(self) -> list:
         values = []
         for rank, received in enumerate(self.results):
+            self.results[rank] = None  # the value's tensors alone keep a shared-memory segment alive from here
             try:
                 values.append(received.loads() if received is not None else None)
             except Exception as e:

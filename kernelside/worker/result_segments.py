@@ -35,7 +35,10 @@ import struct
 from ..private_dir import OpenFolder, UnsafeFolderError, open_in, open_private_dir
 
 SEGMENT_MIN_BYTES = 1 << 20  # smaller buffers stay in the pickle: a file and a mapping cost more than they save
-SHM_ROOT = "/dev/shm"  # Linux's memory file system; where it is missing, results take the pipe
+# Linux's memory file system; where it is missing, results take the pipe. NBLAUNCH_SHM_DIR names another one
+# (a bigger tmpfs where a container's /dev/shm is small).
+SHM_ROOT_ENV = "NBLAUNCH_SHM_DIR"
+SHM_ROOT_DEFAULT = "/dev/shm"
 ALIGN = 64  # each buffer starts on a cache line (and any dtype's alignment)
 FREE_MARGIN_BYTES = 64 << 20  # left free on the memory file system for everyone else
 _MAGIC = b"NBLSEG1\n"  # a result body that starts so carries its segment's name and buffer table
@@ -49,8 +52,9 @@ class SegmentFolder(OpenFolder):
     """A launch's private folder on the memory file system (kernel side); ``remove()`` ends it and what is in it."""
 
     @classmethod
-    def create(cls, root: str = SHM_ROOT) -> SegmentFolder | None:
+    def create(cls, root: str | None = None) -> SegmentFolder | None:
         """A new folder, or None where there is no usable memory file system (results then take the pipe)."""
+        root = root or os.environ.get(SHM_ROOT_ENV) or SHM_ROOT_DEFAULT
         if not os.path.isdir(root):
             return None
         base = os.path.join(root, f"nblaunch-{os.getuid()}")
