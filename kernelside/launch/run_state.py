@@ -30,6 +30,9 @@ from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
 
 WRITE_EVERY_S = 0.25
+# changes that come in a burst (each of 8 ranks ready, then done) are written together: at most one write per
+# CHANGE_GAP_S, the first at once; a change is on disk CHANGE_GAP_S after it at the latest (the loop turns every 0.1 s)
+CHANGE_GAP_S = 0.1
 # report.outcome -> the run's state; "running" becomes "starting" until every rank runs user code
 _FINAL_STATES = {
     "ok": RunState.DONE,
@@ -119,7 +122,8 @@ def root_cause_line(report) -> str | None:
 
 
 class RunStateWriter:
-    """Writes one run's ``state.json``: on every change at once, otherwise every ``WRITE_EVERY_S`` at most."""
+    """Writes one run's ``state.json``: on a change (at once, or ``CHANGE_GAP_S`` after the last write when
+    changes come in a burst), otherwise every ``WRITE_EVERY_S`` at most; the final state always at once."""
 
     def __init__(self, run_dir: str, *, engine: str, has_control: bool = False, gpus: dict | None = None):
         self.run_dir = run_dir
@@ -146,7 +150,8 @@ class RunStateWriter:
         key = None
         if report is not None:
             key = (report.outcome, len(report.failures), *((r.state, r.status is None) for r in report.ranks))
-        if not final and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
+        since = now - self.last_write
+        if not final and (since < CHANGE_GAP_S or (key == self.last_key and since < WRITE_EVERY_S)):
             return False
         self.last_key, self.last_write = key, now
         return self.write(self.snapshot(report, final=final, error=error))

@@ -200,9 +200,9 @@ def install_in_worker() -> None:
     # Libraries that ran ``from tqdm.auto import tqdm`` before the fork hold the class in their
     # own globals: rebind those too (found by the parent before it forked, see tqdm_holders).
     for d, name in tqdm_holders.HOLDERS.find(originals, notebook_bar, skip=__name__):
-        value = d[name]
-        if value is EventTqdm:
-            continue
+        value = d.get(name)
+        if value is EventTqdm or not tqdm_holders.holds(value, originals, notebook_bar):
+            continue  # (what a module held when the parent looked, gone since)
         if id(value) in originals:
             d[name] = EventTqdm
         else:

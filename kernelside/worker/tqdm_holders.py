@@ -47,39 +47,42 @@ def tqdm_classes(exclude: type | None = None) -> tuple[frozenset[int], type]:
     return frozenset(id(c) for c in classes if c is not exclude), tqdm.notebook.tqdm_notebook
 
 
-def _holds(value: object, originals: frozenset[int], notebook_bar: type) -> bool:
+def holds(value: object, originals: frozenset[int], notebook_bar: type) -> bool:
+    """Whether ``value`` is one of tqdm's bar classes or a library's bar built on the notebook bar."""
     if id(value) in originals:  # identity only: touching other attributes can have side effects
         return True
     return issubclass(type(value), type) and issubclass(value, notebook_bar) and id(value) not in originals
 
 
 class Holders:
-    """Per module: its identity, how many globals it had, and which of them held a bar class then."""
+    """Per module: the module, how many globals it had, and which of them held a bar class then."""
 
     def __init__(self):
         self._lock = threading.Lock()  # the kernel's warm-up thread primes while a launch may look
         self._classes: tuple[frozenset[int], int] | None = None
-        self._by_module: dict[str, tuple[int, int, tuple[str, ...]]] = {}
+        self._by_module: dict[str, tuple[object, dict, int, list[tuple[dict, str]]]] = {}
 
     def find(self, originals: frozenset[int], notebook_bar: type, skip: str = "") -> list[tuple[dict, str]]:
         """Every (module globals, name) that holds one of ``originals`` or a subclass of ``notebook_bar``
-        (not counting ``skip``, the caller's own module)."""
+        (not counting ``skip``, the caller's own module). What a module held when it was last looked at is
+        given again without a look if it has the same number of globals: check ``d[name]`` before use."""
         with self._lock:
             if self._classes != (originals, id(notebook_bar)):
                 self._classes = (originals, id(notebook_bar))
                 self._by_module.clear()
-            found = []
+            by_module = self._by_module
+            found: list[tuple[dict, str]] = []
             for mod_name, mod in list(sys.modules.items()):
+                seen = by_module.get(mod_name)
+                if seen is not None and seen[0] is mod and len(seen[1]) == seen[2] and mod_name != ALWAYS_LOOKED_AT:
+                    found += seen[3]
+                    continue
                 d = getattr(mod, "__dict__", None)
                 if not isinstance(d, dict) or mod_name == skip:
                     continue
-                seen = self._by_module.get(mod_name)
-                if seen is not None and seen[0] == id(mod) and seen[1] == len(d) and mod_name != ALWAYS_LOOKED_AT:
-                    names = [n for n in seen[2] if n in d and _holds(d[n], originals, notebook_bar)]
-                else:
-                    names = [n for n, v in list(d.items()) if _holds(v, originals, notebook_bar)]
-                    self._by_module[mod_name] = (id(mod), len(d), tuple(names))
-                found += [(d, n) for n in names]
+                pairs = [(d, n) for n, v in list(d.items()) if holds(v, originals, notebook_bar)]
+                by_module[mod_name] = (mod, d, len(d), pairs)
+                found += pairs
             return found
 
 
