@@ -21,6 +21,8 @@ import statistics
 import sys
 import time
 
+import psutil
+
 from bench.harness import adopt_orphans, descendants, heading, note, start_kernel, stop_tree, write_result
 
 SETUP = """
@@ -43,9 +45,19 @@ LAUNCHERS = {
 }
 
 
-def _timed(k, code: str) -> float:
+HANG_S = 60.0  # a launch of this small function that has not ended by then never will (Accelerate's can hang)
+
+
+def _timed(k, code: str) -> float | None:
+    """Seconds the cell took, or None if the launch hung: then its processes are ended by pid and the cell waited on."""
     t0 = time.perf_counter()
-    cell = k.run(code, timeout=300)
+    try:
+        cell = k.run(code, timeout=HANG_S)
+    except TimeoutError as e:
+        for p in psutil.Process(k.pid).children(recursive=True):  # the hung launch's ranks (one launch at a time)
+            p.kill()
+        k.wait(e.cell, timeout=60)
+        return None
     took = time.perf_counter() - t0
     if cell.error is not None:
         raise RuntimeError("cell failed:\n" + "\n".join(cell.error["traceback"]))
@@ -74,6 +86,7 @@ def main() -> int:
         kernels[BEFORE] = start_kernel(pythonpath=os.path.abspath(ns.before))
         launchers[BEFORE] = LAUNCHERS["nblaunch"]
     got: dict[tuple[str, int], list[float]] = {}
+    hangs: dict[str, int] = {}
     try:
         for k in set(kernels.values()):
             _timed(k, SETUP)
@@ -82,7 +95,11 @@ def main() -> int:
         for n in sizes:
             for _ in range(runs):
                 for name, code in launchers.items():
-                    got.setdefault((name, n), []).append(_timed(kernels[name], code.format(n=n)))
+                    took = _timed(kernels[name], code.format(n=n))
+                    if took is None:
+                        hangs[name] = hangs.get(name, 0) + 1
+                    else:
+                        got.setdefault((name, n), []).append(took)
     finally:
         for k in set(kernels.values()):
             k.shutdown()
@@ -123,6 +140,10 @@ def main() -> int:
         + ", ".join(f"{name} {s * 1000:.0f} ms" for name, s in per_rank.items())
         + f" (least squares over N = {', '.join(map(str, sizes))}).",
     ]
+    for name, count in hangs.items():
+        lines.append(
+            f"\n{name}: {count} launch(es) never ended (ended after {HANG_S:.0f} s by pid, left out of the medians)."
+        )
     if left:
         lines.append(f"\nLeft running after the kernel's shutdown (stopped by pid): {left}")
     text = "\n".join(lines)
