@@ -17,8 +17,10 @@ import os
 import signal
 import socket
 
+from ..worker import tqdm_holders
 from ..worker.entry import RankStart
 from ..worker.lifecycle import RankSpec
+from ..worker.result_segments import SegmentFolder
 from ..worker.stack_answer import stacks_path
 from . import forkserver, warmup
 from .contract import Engine, launch_settings
@@ -90,6 +92,7 @@ class LocalEngine(Engine):
         self.port = None
         self.start_method = plan.start_method  # forkserver falls back to spawn when no template can start
         self.template = None
+        self.segments: SegmentFolder | None = None  # big return values, in shared memory (prepare() makes it)
 
     def specs(self) -> list[RankSpec]:
         plan, req = self.plan, self.req
@@ -105,6 +108,7 @@ class LocalEngine(Engine):
                 env={**plan.env_for(r, self.port), **extra},
                 leaves_with_exit=True,  # worker/entry.py: os._exit, no destructor runs
                 stacks_file=stacks_path(self.log_dir, r),
+                result_segments=self.segments or "",
             )
             for r in range(plan.num_processes)
         ]
@@ -113,15 +117,18 @@ class LocalEngine(Engine):
         """Before the report exists: the imports forked ranks inherit, and the rendezvous port."""
         if self.plan.start_method == "fork":
             warmup.ensure()
+            tqdm_holders.prime()  # only what changed since the warm-up's walk: the ranks inherit the rest
         elif self.plan.start_method == "forkserver":
             self.template = forkserver.template_for_launch(self.out)
             self.start_method = "forkserver" if self.template is not None else "spawn"
+        self.segments = SegmentFolder.create()
         self.sock = _listen_socket(self.plan.requested_port, self.out)
         self.port = self.sock.getsockname()[1]
         return self.port
 
     def start(self, recorder) -> None:
         recorder.report.start_method = self.start_method  # forkserver may have fallen back to spawn in prepare()
+        recorder.segments = self.segments
         self.start_ranks()
         recorder.add_ranks((w.rank, w.pid) for w in self.group.workers)
 
@@ -167,3 +174,6 @@ class LocalEngine(Engine):
                 if recorder is not None:
                     recorder.final_status(w.rank, w.status)
         self.store = None  # stops the TCPStore server and frees the port
+        if self.segments is not None:  # what a failed rank wrote and the kernel never took goes with it
+            self.segments.remove()
+            self.segments = None

@@ -37,9 +37,11 @@ WARMUP = _Warmup()
 
 
 def _import() -> None:
+    from ..worker import tqdm_holders
     from ..worker.warm_imports import import_rank_modules
 
     import_rank_modules()
+    tqdm_holders.prime()  # the walk each forked rank would otherwise make of every module's globals
     try:  # the launch plan asks Accelerate's launcher for the ranks' ACCELERATE_* variables (accelerate_env.py)
         import accelerate.commands.launch  # noqa: F401
     except Exception:

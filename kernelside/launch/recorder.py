@@ -26,13 +26,13 @@ Example::
 from __future__ import annotations
 
 import signal
+import sys
 import time
-
-import cloudpickle
 
 from ..engines.contract import ExitStatus
 from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
 from ..run_contract import RankState, RunState
+from ..worker.result_segments import Received
 from .report import Failure, LaunchReport, RankReport, format_failure_message
 from .run_control import STOPPED_MESSAGE
 
@@ -74,7 +74,8 @@ class RunRecorder:
         self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
         self.grace_s: float | None = None  # SIGTERM → SIGKILL grace the engine's loop gives (None: its own)
         self.tracker = tracker  # the launch panel's state file and Stop channel (launch/run_tracker.py)
-        self.results: list[bytes | None] = [None] * report.world_size
+        self.results: list[Received | None] = [None] * report.world_size
+        self.segments = None  # the engine's shared-memory folder where big return values arrive (SegmentFolder)
         self.idle: dict[int, dict] = {}  # a live rank's last ``idle`` event (it is back waiting for requests)
         self.notes: list[str] = []  # what the engine did about the failure (a live session restarted, say)
         self.request: int | None = None  # a live session's request id (its ranks go back to idle), None: one-shot
@@ -122,7 +123,7 @@ class RunRecorder:
             if self.gpu is not None:
                 self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
         elif kind == "result":
-            self.results[rank] = payload
+            self.results[rank] = self._take_result(rank, payload)
         elif kind == "metrics":
             self.report.metrics.extend(payload)
         elif kind == "left":  # the rank is leaving on its own (sys.exit(0)): see _blame_departures
@@ -345,11 +346,37 @@ class RunRecorder:
                 )
             )
 
+    def _take_result(self, rank: int, body) -> Received | None:
+        """The result as it arrives: its shared-memory segment mapped now, so nothing of it outlives the launch."""
+        try:
+            received = Received.take(body, self.segments)
+        except (OSError, ValueError) as e:
+            self._fail(
+                Failure(
+                    rank=rank,
+                    kind="error",
+                    message=f"rank {rank}'s return value could not be read from shared memory: {e}",
+                    t=time.monotonic(),
+                    phase="result",
+                )
+            )
+            return None
+        if received.fell_back:
+            text = (
+                f"nblaunch: rank {rank}'s return value ({received.fell_back / 2**20:.0f} MiB of it) came through a "
+                f"pipe, not shared memory: {received.fell_back_reason}. Results this big come back faster with more "
+                "free space in /dev/shm (a container's default is 64 MiB: `docker run --shm-size=8g`)."
+            )
+            self.report.notes.append(text)
+            print(text, file=sys.stderr)  # in a kernel, the cell's stderr: the run goes on and succeeds
+        return received
+
     def _values(self) -> list:
         values = []
-        for rank, body in enumerate(self.results):
+        for rank, received in enumerate(self.results):
+            self.results[rank] = None  # the value's tensors alone keep a shared-memory segment alive from here
             try:
-                values.append(cloudpickle.loads(body) if body is not None else None)
+                values.append(received.loads() if received is not None else None)
             except Exception as e:
                 self.report.state = RunState.FAILED
                 raise WorkerError(

@@ -31,6 +31,9 @@ from ..short_traceback import error_line, first_line
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
 
 WRITE_EVERY_S = 0.25
+# changes that come in a burst (each of 8 ranks ready, then done) are written together: at most one write per
+# CHANGE_GAP_S, the first at once; a change is on disk CHANGE_GAP_S after it at the latest (the loop turns every 0.1 s)
+CHANGE_GAP_S = 0.1
 
 
 def kernel_identity() -> dict:
@@ -113,7 +116,8 @@ def root_cause_line(report) -> str | None:
 
 
 class RunStateWriter:
-    """Writes one run's ``state.json``: on every change at once, otherwise every ``WRITE_EVERY_S`` at most."""
+    """Writes one run's ``state.json``: on a change (at once, or ``CHANGE_GAP_S`` after the last write when
+    changes come in a burst), otherwise every ``WRITE_EVERY_S`` at most; the final state always at once."""
 
     def __init__(self, run_dir: str, *, engine: str, has_control: bool = False, gpus: dict | None = None):
         self.run_dir = run_dir
@@ -147,7 +151,8 @@ class RunStateWriter:
         """True when a state whose summary is ``key`` should be written now: it changed, ``WRITE_EVERY_S``
         passed, or ``force``; the write is then counted as done (a live session's entry asks this too)."""
         now = time.monotonic()
-        if not force and key == self.last_key and now - self.last_write < WRITE_EVERY_S:
+        since = now - self.last_write
+        if not force and (since < CHANGE_GAP_S or (key == self.last_key and since < WRITE_EVERY_S)):
             return False
         self.last_key, self.last_write = key, now
         return True

@@ -92,6 +92,7 @@ class LiveRunEngine(Engine):
         workers = self.session.world.group.workers
         recorder.add_ranks(((w.rank, w.pid) for w in workers if w.rank in self.ranks), request=self.req_id)
         recorder.report.session = self.label
+        recorder.segments = self.session.world.engine.segments  # the world's: big return values in shared memory
         self.recorder = recorder
         if self.blob is not None:
             self.session.world.send(self.ranks, self.blob)

@@ -65,6 +65,7 @@ class RankSpec:
     # default group is then a no-op, as nothing at the rank's end runs the group's destructor (group_owner.py)
     leaves_with_exit: bool = False
     stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_answer.py); "" for none
+    result_segments: str = ""  # the launch's shared-memory folder for big return values (result_segments.py)
 
     @classmethod
     def build(
@@ -79,6 +80,7 @@ class RankSpec:
         init_process_group: bool = True,
         leaves_with_exit: bool = False,
         stacks_file: str = "",
+        result_segments: str = "",
     ) -> RankSpec:
         """The one place a rank's spec is made: the launch-wide settings (``engines.contract.launch_settings``,
         plain data that travels to any engine's workers) plus who this rank is.
@@ -103,6 +105,7 @@ class RankSpec:
             init_process_group=init_process_group,
             leaves_with_exit=leaves_with_exit,
             stacks_file=stacks_file,
+            result_segments=result_segments,
         )
 
 
@@ -237,7 +240,7 @@ def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
         value = sharded_results.gather_for_return(unwrap_for_return(value), keep=spec.return_result)
         phase = "result"
         if spec.return_result:
-            events.send_result(dumps_result(value))
+            events.send_result(dumps_result(value, spec.result_segments, spec.rank))
         return RankEnd(0)
     except SystemExit as e:  # sys.exit(0) in user code is a normal end, like a script's
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)

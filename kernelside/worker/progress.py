@@ -31,6 +31,7 @@ import time
 
 from tqdm import std as _tqdm_std
 
+from . import tqdm_holders
 from .context import current as _worker
 
 # Global on purpose: a rank is one process running one launch; bars opened anywhere in it (nested
@@ -195,36 +196,16 @@ def install_in_worker() -> None:
     ctx = _worker()
     if ctx is None or ctx.progress_render != "widgets":
         return
-    import tqdm
-    import tqdm.asyncio
-    import tqdm.auto
-    import tqdm.autonotebook
-    import tqdm.notebook
-
-    originals = {
-        id(c)
-        for c in (
-            tqdm.std.tqdm,
-            tqdm.tqdm,
-            tqdm.auto.tqdm,
-            tqdm.autonotebook.tqdm,
-            tqdm.notebook.tqdm,
-            tqdm.notebook.tqdm_notebook,
-            tqdm.asyncio.tqdm_asyncio,
-        )
-        if c is not EventTqdm
-    }
-    notebook_bar = tqdm.notebook.tqdm_notebook  # before the loop below rebinds the name
+    originals, notebook_bar = tqdm_holders.tqdm_classes(exclude=EventTqdm)
     # Libraries that ran ``from tqdm.auto import tqdm`` before the fork hold the class in their
-    # own globals: rebind those too.
-    for mod in list(sys.modules.values()):
-        d = getattr(mod, "__dict__", None)
-        if not isinstance(d, dict) or getattr(mod, "__name__", "") == __name__:
-            continue
-        for name, value in list(d.items()):
-            if id(value) in originals:  # identity only: touching other attributes can have side effects
-                d[name] = EventTqdm
-            elif issubclass(type(value), type) and issubclass(value, notebook_bar) and value is not EventTqdm:
-                # a library's own bar class made in the kernel on top of the notebook bar (Lightning's
-                # Tqdm): it would draw ipywidgets from the rank; it becomes the event-sending bar's subclass
-                value.__bases__ = tuple(EventTqdm if id(b) in originals else b for b in value.__bases__)
+    # own globals: rebind those too (found by the parent before it forked, see tqdm_holders).
+    for d, name in tqdm_holders.HOLDERS.find(originals, notebook_bar, skip=__name__):
+        value = d.get(name)
+        if value is EventTqdm or not tqdm_holders.holds(value, originals, notebook_bar):
+            continue  # (what a module held when the parent looked, gone since)
+        if id(value) in originals:
+            d[name] = EventTqdm
+        else:
+            # a library's own bar class made in the kernel on top of the notebook bar (Lightning's
+            # Tqdm): it would draw ipywidgets from the rank; it becomes the event-sending bar's subclass
+            value.__bases__ = tuple(EventTqdm if id(b) in originals else b for b in value.__bases__)

@@ -13,7 +13,7 @@ import io
 import sys
 import types
 
-from . import sharded_results
+from . import result_segments, sharded_results
 
 # Under fork, classes and functions the notebook defined before the launch exist in the
 # kernel too: results refer to them by name, so a returned ``Net`` instance is an instance
@@ -39,15 +39,43 @@ def _identity(x):
     return x
 
 
-def _to_cpu_pickler():
-    """A cloudpickle pickler that moves every non-CPU tensor to CPU as it is written, wherever it sits."""
+def _to_cpu_pickler(segments: bool = False):
+    """A cloudpickle pickler that moves every non-CPU tensor to CPU as it is written, wherever it sits.
+
+    ``segments``: big CPU tensors pickle their storage's bytes as one out-of-band buffer (result_segments.py)."""
     import cloudpickle
     import torch
 
     shards = sharded_results.shard_types()
 
     class ToCPUPickler(cloudpickle.Pickler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self._storages: dict[tuple[int, int], object] = {}  # one object per storage: pickle's memo shares it
+
+        def _by_storage(self, t):
+            storage = t.untyped_storage()
+            key = (storage.data_ptr(), storage.nbytes())
+            storage = self._storages.setdefault(key, storage)
+            return (
+                result_segments.rebuild_tensor,
+                (
+                    storage,
+                    t.dtype,
+                    t.storage_offset(),
+                    tuple(t.size()),
+                    t.stride(),
+                    t.requires_grad,
+                    isinstance(t, torch.nn.Parameter),
+                ),
+            )
+
         def reducer_override(self, obj):
+            if segments:
+                if isinstance(obj, torch.UntypedStorage):
+                    return result_segments.reduce_storage(obj)
+                if _plain_cpu_tensor(obj, torch):
+                    return self._by_storage(obj)
             if isinstance(obj, (type, types.FunctionType)) and _KERNEL_MAIN_OBJECTS.get(
                 getattr(obj, "__qualname__", None)
             ) == id(obj):
@@ -69,8 +97,24 @@ def _to_cpu_pickler():
     return ToCPUPickler
 
 
-def dumps_result(value) -> bytes:
-    """Pickle a return value with every tensor on CPU, so the kernel never initializes CUDA receiving it."""
+def _plain_cpu_tensor(obj, torch) -> bool:
+    """A CPU tensor whose storage bytes and layout say all of it (no subclass, attributes, conj/neg bits)."""
+    return (
+        type(obj) in (torch.Tensor, torch.nn.Parameter)
+        and obj.device.type == "cpu"
+        and obj.layout == torch.strided
+        and not (obj.is_quantized or obj.is_nested or obj.is_conj() or obj.is_neg())
+        and not getattr(obj, "__dict__", None)
+        and obj.untyped_storage().nbytes() >= result_segments.SEGMENT_MIN_BYTES
+    )
+
+
+def dumps_result(value, segments: str = "", rank: int = 0) -> bytes:
+    """Pickle a return value with every tensor on CPU, so the kernel never initializes CUDA receiving it.
+
+    ``segments``: the launch's shared-memory folder (result_segments.py), where the big buffers go; "" for none."""
+    if segments:
+        return result_segments.dumps_with_segments(value, segments, rank, _to_cpu_pickler(segments=True))
     buf = io.BytesIO()
     _to_cpu_pickler()(buf, protocol=5).dump(value)
     return buf.getvalue()
