@@ -18,6 +18,7 @@ Example::
     POST /nblaunch/accelerate/export    {"path": "accelerate_config.yaml", ...}    contents write
     GET  /nblaunch/runs                 this user's launches, newest first         kernels read
     GET  /nblaunch/runs/{id}            one run with its ranks and log_dir         kernels read
+    GET  /nblaunch/runs/{id}/series     its training curves and each rank's progress counts  kernels read
     GET  /nblaunch/runs/{id}/ranks/{rank}/log[?tail=N | ?offset=B]   a log, JSON   kernels read
     POST /nblaunch/runs/{id}/stop       ask the run's kernel to stop it (409 why not)          kernels write
     POST /nblaunch/runs/{id}/stacks     every rank's Python stack, from the run's kernel, 1 s  kernels write
@@ -126,6 +127,13 @@ class RunHandler(_PanelHandler):
         await self.answer(lambda: self.runs.run(run_id))
 
 
+class RunSeriesHandler(_PanelHandler):
+    @tornado.web.authenticated
+    @authorized("read", resource=KERNELS)
+    async def get(self, run_id):
+        await self.answer(lambda: self.runs.series(run_id))
+
+
 class RunLogHandler(_PanelHandler):
     @tornado.web.authenticated
     @authorized("read", resource=KERNELS)
@@ -162,6 +170,7 @@ def setup_routes(web_app, store: ConfigStore, hardware: HardwareCache, runs: Run
             (url_path_join(base, "accelerate", "export"), AccelerateExportHandler, deps),
             (url_path_join(base, "runs"), RunsHandler, deps),
             (run, RunHandler, deps),
+            (url_path_join(run, "series"), RunSeriesHandler, deps),
             (url_path_join(run, "ranks", "([^/]+)", "log"), RunLogHandler, deps),
             (url_path_join(run, "stop"), RunStopHandler, deps),
             (url_path_join(run, "stacks"), RunStacksHandler, deps),

@@ -149,6 +149,15 @@ class RunDir:
         finally:
             os.close(fd)
 
+    def read_from(self, name: str, offset: int, limit: int) -> tuple[bytes, int]:
+        """At most ``limit`` bytes of ``name`` from ``offset`` on, and the file's inode (a new file: read it anew)."""
+        fd = self._open_file(name)
+        try:
+            st = os.fstat(fd)
+            return os.pread(fd, max(0, min(st.st_size - offset, limit)), offset), st.st_ino
+        finally:
+            os.close(fd)
+
     def read_log(self, name: str, *, tail: int = 200, offset: int | None = None, times: str | None = None) -> dict:
         """``tail`` last lines, or the bytes from ``offset`` on (at most MAX_LOG_CHUNK); start/end are byte offsets.
         ``times``: the log's times file (``run_contract.rank_log_times_name``): ``times`` in the answer then has,

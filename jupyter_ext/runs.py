@@ -43,6 +43,7 @@ from kernelside.run_contract import (
 from .errors import PanelRequestError
 from .rank_history import RankHistory
 from .rank_resources import RankSampler
+from .run_curves import RunCurves
 from .run_files import RunDir, RunFileError, private_base_problem
 
 STOP_TIMEOUT_S = 3.0
@@ -58,6 +59,7 @@ class RunFolders:
         self.root = Path(root_dir).expanduser().resolve()
         self.sampler = RankSampler()
         self.history = RankHistory()
+        self.curves = RunCurves()
 
     # -- where runs are -------------------------------------------------------------------
 
@@ -137,6 +139,15 @@ class RunFolders:
             ranks=ranks, log_dir=d.path, report=(state or {}).get("report"), history=self.history.series(run_id)
         )
         return summary
+
+    def series(self, run_id) -> dict:
+        """The run's training curves and each rank's progress counts so far (``RunCurves.read``)."""
+        with self._open(run_id) as d:
+            try:
+                curves = self.curves.read(d, run_id)
+            except RunFileError as e:
+                raise PanelRequestError(e.status, f"the curves of {run_id}: {e}") from None
+        return {"id": run_id, **curves}
 
     def log(self, run_id, rank, *, tail=None, offset=None) -> dict:
         """Rank ``rank``'s log: its last ``tail`` lines (default 200), or the bytes from ``offset`` on."""

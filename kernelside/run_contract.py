@@ -18,6 +18,11 @@ the Jupyter server never loads torch by reading a run.
                    "END WALL", the log had END bytes by WALL (seconds since the epoch); at most one
                    per LOG_TIMES_EVERY_S a rank, so a line takes the first record at or past its end
     rank<N>.stacks rank N's stacks, dumped on request (rank_stacks_name(N); the kernel reads them)
+    series.jsonl   the run's curves and pace (SERIES_FILE), appended by the kernel, one JSON object a line:
+                   {"kind": "metrics", "rank", "wall", "points": [{"step", name: value, ...}]} as metrics
+                   arrive, and {"kind": "progress", "rank", "wall", "bar", "desc", "n", "total", "unit"}
+                   at most every SERIES_PROGRESS_EVERY_S a bar (its last state always); at most
+                   SERIES_MAX_BYTES (then one {"kind": "full"} line, and nothing more)
 
 **State file** (``FORMAT_VERSION`` 1), a JSON object: ``version``, ``id``, ``engine``, ``control``
 (the run takes Stop), ``notebook``, ``cell`` (the execution count of the cell that started it),
@@ -51,6 +56,9 @@ import tempfile
 STATE_FILE = "state.json"
 IN_USE_FILE = ".in-use"  # flock'ed by the kernel while the run is live: pruning and the server read it
 CONTROL_SOCKET = "control.sock"
+SERIES_FILE = "series.jsonl"
+SERIES_MAX_BYTES = 32 << 20  # a run's curves stop growing here (an 8-rank run logging every step for hours)
+SERIES_PROGRESS_EVERY_S = 0.5
 FORMAT_VERSION = 1
 RUN_PREFIX = "run-"
 RUN_ID = re.compile(r"run-[0-9]{8}-[0-9]{6}-[A-Za-z0-9_]{1,64}")  # ASCII only (\\d takes "٢")

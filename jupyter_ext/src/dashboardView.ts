@@ -1,6 +1,7 @@
 /**
  * A run's dashboard, a main-area tab: its facts (notebook, a link to its cell, start time, engine,
- * flags, outcome), Stop and Stacks, and per rank its pid, state, device and a small chart per
+ * flags, outcome), Stop and Stacks, charts with axes over the run (dashboardChartsView.ts: every
+ * rank's resources and steps per second, the slowest rank named, the training curves), and per rank its pid, state, device and a small chart per
  * figure over the run, with a button that opens the rank's log tab. It draws
  * makeDashboardModel()'s answer for the run's detail in the shared RunsModel, which polls while
  * the run is live.
@@ -20,6 +21,8 @@ import {
   SPARK_HEIGHT,
   SPARK_WIDTH
 } from './dashboardModel';
+import { makeDashboardCharts } from './dashboardCharts';
+import { DashboardChartsView } from './dashboardChartsView';
 import { button, h } from './dom';
 import { RunsModel } from './runsModel';
 
@@ -72,12 +75,13 @@ class DashboardContent extends Widget {
       this._outcome,
       h('div', { class: 'nblaunch-actions' }, this._stop, this._stacksButton, this._note),
       this._facts,
+      this._charts.node,
       h('h3', { class: 'nblaunch-dash-subtitle' }, 'Ranks'),
       this._table,
       h(
         'p',
         { class: 'nblaunch-help nblaunch-dash-chart-help' },
-        'Each chart is one rank over the run so far, sampled about once a second while it is watched; hover it for its lowest and peak values.'
+        "The charts above and the figures here are sampled about once a second while the run is watched; steps per second come from each rank's progress bars. Hover a chart for every rank's value at that time."
       ),
       this._stacks
     );
@@ -95,6 +99,7 @@ class DashboardContent extends Widget {
       return;
     }
     this._unsubscribe();
+    this._charts.dispose();
     this._runs.unwatch(this.runId);
     this._actions.watchChanged();
     super.dispose();
@@ -111,6 +116,7 @@ class DashboardContent extends Widget {
     }
     const summary = this._runs.run(this.runId);
     const model = makeDashboardModel(summary ? { ...detail, ...summary } : detail);
+    this._charts.update(makeDashboardCharts(detail));
     this.onModel?.(model);
     this.node.dataset.state = model.state;
     setText(this._name, model.name);
@@ -198,6 +204,7 @@ class DashboardContent extends Widget {
   private _outcome = h('p', { class: 'nblaunch-run-cause nblaunch-dash-outcome', hidden: true });
   private _note = h('span', { class: 'nblaunch-run-note', role: 'status', hidden: true });
   private _facts = h('dl', { class: 'nblaunch-dash-facts' });
+  private _charts = new DashboardChartsView();
   private _table = h('table', { class: 'nblaunch-ranks nblaunch-dash-ranks' });
   private _body = h('tbody');
   private _stop: HTMLButtonElement;

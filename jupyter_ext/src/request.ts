@@ -10,7 +10,14 @@ import { ServerConnection } from '@jupyterlab/services';
 
 import { IRunsBackend } from './runsModel';
 import { errorFromResponse, PanelServerError } from './serverErrors';
-import { ILogChunk, IRunDetail, IRunSummary, IStacksResponse, IStopResponse } from './types';
+import {
+  ILogChunk,
+  IRunCurves,
+  IRunDetail,
+  IRunSummary,
+  IStacksResponse,
+  IStopResponse
+} from './types';
 
 export async function requestAPI<T>(
   endPoint: string,
@@ -40,11 +47,18 @@ export async function requestAPI<T>(
   return JSON.parse(text) as T;
 }
 
-/** The Runs view's calls: GET /nblaunch/runs, GET /nblaunch/runs/{id}, POST /nblaunch/runs/{id}/stop,
+/** The Runs view's calls: GET /nblaunch/runs, GET /nblaunch/runs/{id} (with its /series), POST /nblaunch/runs/{id}/stop,
  * POST /nblaunch/runs/{id}/stacks (a POST: it signals the ranks, so it carries the XSRF token). */
 export const serverRunsBackend: IRunsBackend = {
   list: () => requestAPI<IRunSummary[]>('runs'),
-  detail: id => requestAPI<IRunDetail>(`runs/${encodeURIComponent(id)}`),
+  detail: async id => {
+    const run = `runs/${encodeURIComponent(id)}`;
+    const [detail, curves] = await Promise.all([
+      requestAPI<IRunDetail>(run),
+      requestAPI<IRunCurves>(`${run}/series`)
+    ]);
+    return { ...detail, curves };
+  },
   stop: id => requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, { method: 'POST' }),
   stacks: id =>
     requestAPI<IStacksResponse>(`runs/${encodeURIComponent(id)}/stacks`, { method: 'POST' })

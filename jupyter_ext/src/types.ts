@@ -154,6 +154,24 @@ export interface IRunDetail extends IRunSummary {
   report: { startup_s: number | null; wall_s: number | null; exit: string[] } | null;
   /** The ranks' figures over the run so far, as the server sampled them (jupyter_ext/rank_history.py). */
   history?: IRankHistory;
+  /** The run's training curves and each rank's progress counts (GET /nblaunch/runs/{id}/series). */
+  curves?: IRunCurves;
+}
+
+/** GET /nblaunch/runs/{id}/series (jupyter_ext/run_curves.py): what the run's kernel wrote to series.jsonl. */
+export interface IRunCurves {
+  /** Metrics points as logged ({step, loss, …}, 'rank' with --progress all), with when and from which rank. */
+  metrics: Record<string, number | string | boolean | null>[];
+  /** Each rank's progress bars: [wall seconds, count] pairs, oldest first. */
+  bars: {
+    rank: number;
+    bar: string;
+    desc: string;
+    total: number | null;
+    unit: string;
+    pace: [number, number][];
+  }[];
+  full: boolean;
 }
 
 /** One figure a rank is charted by. */

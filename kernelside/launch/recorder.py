@@ -103,7 +103,7 @@ class RunRecorder:
         self.router.feed(rank, stream, data)
 
     def event(self, rank: int, kind: str, payload) -> None:
-        """One worker event: ``ready``, ``done``, ``progress``, ``metrics``, ``result``, ``error`` or ``idle``."""
+        """One worker event: ``ready``, ``done``, ``progress``, ``pace``, ``metrics``, ``result``, ``error`` or ``idle``."""
         rr = self._rank(rank)
         if kind == "error" and self.stopping and payload.get("type") == "KeyboardInterrupt":
             kind = "stopped"  # the interrupt we sent to stop this rank (a live session's), not a failure of its own
@@ -138,6 +138,8 @@ class RunRecorder:
         self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
         if self.display is not None and kind in ("progress", "metrics"):
             self.display.on_event(rank, kind, payload)
+        if self.tracker is not None and kind in ("progress", "metrics", "pace"):  # (pace: a hidden rank's bar)
+            self.tracker.event(rank, kind, payload)
         if self.on_event is not None:
             self.on_event(rank, kind, payload)
 

@@ -1,5 +1,5 @@
 """What the launch panel needs from one launch, in one object the engine holds for the run:
-its ``state.json`` (``run_state.RunStateWriter``) and, for engines whose loop is ours, its
+its ``state.json`` (``run_state.RunStateWriter``), its curves and pace (``run_series.RunSeries``) and, for engines whose loop is ours, its
 Stop channel (``run_control.RunControl``).
 
 The engine wraps a launch in ``track_run()``; the kernel loop calls ``attach()`` once and
@@ -21,6 +21,7 @@ import os
 
 from . import rank_stacks
 from .run_control import RunControl
+from .run_series import RunSeries
 from .run_state import RunStateWriter
 
 
@@ -29,12 +30,17 @@ class RunTracker:
 
     def __init__(self, writer: RunStateWriter, control: RunControl | None):
         self.writer, self.control = writer, control
+        self.series = RunSeries(writer.run_dir)  # the dashboard's curves and pace (run_series.py)
 
     def attach(self, sel, on_stop, on_stacks=None) -> None:
         """Serve Stop from ``sel``'s loop; ``on_stop()`` stops the run (True) or says it is already stopping;
         ``on_stacks()`` names the ranks to ask for their stacks (``RunControl.register``)."""
         if self.control is not None:
             self.control.register(sel, on_stop, on_stacks)
+
+    def event(self, rank: int, kind: str, payload) -> None:
+        """A worker's metrics or progress event, for the dashboard's curves and each rank's pace."""
+        self.series.event(rank, kind, payload)
 
     def tick(self, report) -> None:
         """Called on every turn of the kernel loop; writes only on change or every WRITE_EVERY_S."""

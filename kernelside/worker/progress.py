@@ -38,6 +38,7 @@ from .context import current as _worker
 # loops, libraries' own tqdm) share one id sequence and one stack for their nesting.
 _bar_ids = itertools.count()
 _open_bars: list = []
+PACE_EVERY_S = 0.5  # a hidden rank's bar tells its count this often (SERIES_PROGRESS_EVERY_S, where it is written)
 
 
 class EventTqdm(_tqdm_std.tqdm):
@@ -47,7 +48,10 @@ class EventTqdm(_tqdm_std.tqdm):
         ctx = _worker()
         kwargs = dict(kwargs)
         kwargs.setdefault("mininterval", 0.1)
-        if ctx is None or not ctx.shows_bars():
+        # A rank whose bars the cell does not show still counts, and tells only its pace (the Runs dashboard's
+        # steps per second, where the slowest rank is named): a "pace" event at most every PACE_EVERY_S.
+        self._hidden = ctx is not None and not ctx.shows_bars()
+        if ctx is None:
             kwargs["disable"] = True
         kwargs["disable"] = bool(kwargs.get("disable", False))
         kwargs["gui"] = True  # tqdm then never writes to a file itself
@@ -69,6 +73,8 @@ class EventTqdm(_tqdm_std.tqdm):
         now = time.monotonic()
         if not force and now - self._last_sent < self.mininterval:
             return True  # set_postfix / refresh every iteration must not flood the kernel
+        if self._hidden:
+            return self._send_pace(now, closed)
         self._last_sent = now
         d = self.format_dict
         self._events.send(
@@ -89,6 +95,15 @@ class EventTqdm(_tqdm_std.tqdm):
                 "t": now,
             },
         )
+        return True
+
+    def _send_pace(self, now: float, closed: bool) -> bool:
+        if not closed and now - self._last_sent < PACE_EVERY_S:
+            return True
+        self._last_sent = now
+        d = self.format_dict
+        pace = {"id": self._bar_id, "desc": d.get("prefix") or "", "n": d["n"], "total": d["total"]}
+        self._events.send("pace", {**pace, "unit": d["unit"], "closed": closed, "t": now})
         return True
 
     def close(self):

@@ -111,6 +111,7 @@ def routes():
         ("GET", ("runs",), None, ("read", "kernels")),
         ("GET", ("runs", RUN), None, ("read", "kernels")),
         ("GET", ("runs", RUN, "ranks", "0", "log"), None, ("read", "kernels")),
+        ("GET", ("runs", RUN, "series"), None, ("read", "kernels")),
         ("POST", ("runs", RUN, "stop"), {}, ("write", "kernels")),
         ("POST", ("runs", RUN, "stacks"), {}, ("write", "kernels")),
     ]
