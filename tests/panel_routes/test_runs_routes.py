@@ -18,7 +18,7 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from jupyter_ext.rank_resources import is_that_process, proc_start_time
-from kernelside.run_contract import log_times_record
+from kernelside.run_contract import FORMAT_VERSION, log_times_record
 
 OWNER = Path(__file__).with_name("run_owner.py")
 REPO = Path(__file__).resolve().parents[2]
@@ -119,11 +119,11 @@ def owner(run_base, jp_root_dir):
 
 
 def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = False):
-    """A run folder made by hand; with ``hold_lock`` the test holds its lock, as a live kernel would."""
+    """A run folder made by hand (in this server's format unless ``state`` says otherwise); with ``hold_lock`` the test holds its lock, as a live kernel would."""
     d = base / name
     d.mkdir(mode=0o700)
     if state is not None:
-        (d / "state.json").write_text(json.dumps({"id": name, **state}))
+        (d / "state.json").write_text(json.dumps({"id": name, "version": FORMAT_VERSION, **state}))
     (d / "rank0.log").write_text("".join(f"forged line {i}\n" for i in range(5)))
     fd = os.open(d / ".in-use", os.O_CREAT | os.O_RDWR, 0o644)
     if hold_lock:
