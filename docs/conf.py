@@ -19,3 +19,4 @@ html_theme = "alabaster"
 html_static_path = []
 autodoc_member_order = "bysource"
 suppress_warnings = ["myst.header"]  # the guides begin at "#", then "###" in a few moved sections
+html_theme_options = {"page_width": "1240px", "sidebar_width": "220px"}  # the config table fits

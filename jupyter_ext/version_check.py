@@ -17,7 +17,6 @@ Example::
 from __future__ import annotations
 
 import json
-import os
 
 from jupyter_core.paths import jupyter_path
 

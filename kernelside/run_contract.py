@@ -19,8 +19,8 @@ the Jupyter server never loads torch by reading a run.
                    per LOG_TIMES_EVERY_S a rank, so a line takes the first record at or past its end
     rank<N>.stacks rank N's stacks, dumped on request (rank_stacks_name(N); the kernel reads them)
 
-**State file** (``FORMAT_VERSION`` 1), a JSON object: ``version`` (the format; a server reads only its own and
-lists any other with a note), ``nblaunch`` (the version of the kernelside that wrote it), ``id``, ``engine``, ``control``
+**State file** (``FORMAT_VERSION`` 1), a JSON object: ``version`` (the format: a server reads only its own
+and lists any other with a note), ``nblaunch`` (the kernelside that wrote it), ``id``, ``engine``, ``control``
 (the run takes Stop), ``notebook``, ``cell`` (the execution count of the cell that started it),
 ``flags`` (that cell's ``%%distributed`` flags), ``kernel_id``, ``kernel_pid``, ``kernel_pid_start``, ``started``
 (wall time), ``updated``, ``updated_monotonic``, ``elapsed_s``, ``state`` (a ``RunState``),

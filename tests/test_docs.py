@@ -24,7 +24,8 @@ def test_docs_build_with_warnings_as_errors_and_list_every_config_key(tmp_path):
     )
     assert build.returncode == 0, build.stdout + build.stderr
     reference = (out / "guide" / "configuration.html").read_text()
-    listed = set(re.findall(r"<code class=\"docutils literal notranslate\"><span class=\"pre\">(\w+)</span>", reference))
+    code = r'<code class="docutils literal notranslate"><span class="pre">(\w+)</span>'
+    listed = set(re.findall(code, reference))
     assert {f.name for f in FIELDS} <= listed
     assert (out / "guide" / "security.html").is_file()  # the shared-machine guide is part of the site
     api = (out / "guide" / "api.html").read_text()

@@ -17,7 +17,11 @@ export function tabArea(app: Pick<JupyterFrontEnd, 'name'>): TabArea {
 }
 
 /** Show the widget with this id if it is open in its area; otherwise add what make() builds (returned), then show it. */
-export function openOnce<T extends Widget>(app: JupyterFrontEnd, widgetId: string, make: () => T): T | null {
+export function openOnce<T extends Widget>(
+  app: JupyterFrontEnd,
+  widgetId: string,
+  make: () => T
+): T | null {
   const area = tabArea(app);
   const open = Array.from(app.shell.widgets(area)).some(w => w.id === widgetId);
   const added = open ? null : make();

@@ -1,11 +1,7 @@
 import { readFileSync } from 'fs';
 import { join } from 'path';
 
-import {
-  EXTENSION_VERSION,
-  IServerVersions,
-  versionMismatchMessage
-} from '../src/versionCheck';
+import { EXTENSION_VERSION, IServerVersions, versionMismatchMessage } from '../src/versionCheck';
 
 const server = (nblaunch: string, labextension: string | null): IServerVersions => ({
   nblaunch,
@@ -27,7 +23,9 @@ describe('versionMismatchMessage', () => {
   it('tells to upgrade the server when it is another version than the served extension', () => {
     const message = versionMismatchMessage('0.2.0', server('0.1.0', '0.2.0'));
     expect(message).toContain('extension in this page is 0.2.0 but its server extension is 0.1.0');
-    expect(message).toContain('run `pip install -U nblaunch` in the environment that runs `jupyter lab`');
+    expect(message).toContain(
+      'run `pip install -U nblaunch` in the environment that runs `jupyter lab`'
+    );
   });
 
   it('tells to reload when the server serves a newer extension than the page loaded', () => {

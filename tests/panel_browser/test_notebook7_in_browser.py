@@ -1,7 +1,7 @@
 """nblaunch in a real Notebook 7 (the same Jupyter server as JupyterLab) and Debian's Chromium: the panel
 opens under View › Left Sidebar, a 2-rank cell runs, the run's name in the cell's status line opens its
-dashboard in the right side panel (Notebook 7 keeps one document per page), a rank's log opens there too from the dashboard,
-and the page shows no uncaught error. Screenshots go to test-artifacts/notebook7-*.png."""
+dashboard in the right side panel (Notebook 7 keeps one document per page), a rank's log opens there too
+from the dashboard, and the page shows no uncaught error. Screenshots go to test-artifacts/notebook7-*.png."""
 
 from __future__ import annotations
 

@@ -119,7 +119,8 @@ def owner(run_base, jp_root_dir):
 
 
 def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = False):
-    """A run folder made by hand (in this server's format unless ``state`` says otherwise); with ``hold_lock`` the test holds its lock, as a live kernel would."""
+    """A run folder made by hand (in this server's format unless ``state`` says otherwise); with ``hold_lock``
+    the test holds its lock, as a live kernel would."""
     d = base / name
     d.mkdir(mode=0o700)
     if state is not None:

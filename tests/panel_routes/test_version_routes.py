@@ -24,7 +24,7 @@ async def test_version_route_names_the_server_extension_the_run_format_and_the_u
     assert answer["labextension"] == answer["nblaunch"] == json.loads(REPO_PACKAGE_JSON.read_text())["version"]
 
 
-async def test_a_run_folder_of_a_newer_format_is_listed_with_a_note_and_never_read(jp_fetch, run_base):
+async def test_a_run_folder_of_a_newer_format_is_listed_with_a_note_and_never_read(jp_fetch, run_base):  # noqa: F811 - the fixture imported above
     forged = {"version": FORMAT_VERSION + 1, "nblaunch": "9.0.0", "state": "running", "control": True}
     forge_run(run_base, "run-20300101-000000-future", {**forged, "ranks": [{"rank": 0, "pid": 1}]}, hold_lock=True)
     code, runs = await fetch(jp_fetch)
@@ -39,7 +39,7 @@ async def test_a_run_folder_of_a_newer_format_is_listed_with_a_note_and_never_re
     assert code == 409
 
 
-async def test_a_run_folder_without_a_format_is_listed_as_written_by_an_older_kernel(jp_fetch, run_base):
+async def test_a_run_folder_without_a_format_is_listed_as_written_by_an_older_kernel(jp_fetch, run_base):  # noqa: F811 - the fixture imported above
     forge_run(run_base, "run-20200101-000000-old", {"version": None, "state": "done"})
     code, runs = await fetch(jp_fetch)
     assert runs[0]["state"] == "unknown"
@@ -47,7 +47,7 @@ async def test_a_run_folder_without_a_format_is_listed_as_written_by_an_older_ke
     assert "upgrade the kernel's nblaunch (pip install -U nblaunch in the kernel's environment)" in runs[0]["note"]
 
 
-async def test_a_run_written_by_a_kernel_with_an_older_nblaunch_is_read_and_names_both_versions(jp_fetch, run_base):
+async def test_a_run_written_by_a_kernel_with_an_older_nblaunch_is_read_and_names_both_versions(jp_fetch, run_base):  # noqa: F811 - the fixture imported above
     forge_run(run_base, "run-20200101-000000-oldkernel", {"nblaunch": "0.0.1", "state": "done", "world_size": 2})
     forge_run(run_base, "run-20200101-000001-same", {"nblaunch": installed_version(), "state": "done"})
     code, runs = await fetch(jp_fetch)
