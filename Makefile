@@ -1,6 +1,7 @@
 # The README's commands. Each one sets up what it needs by itself on a fresh machine.
 #   make demo  - run notebooks/quickstart.ipynb and live_ranks.ipynb headless on 2 CPU workers
-#   make lab   - start JupyterLab on 127.0.0.1 with nblaunch installed
+#   make lab   - start JupyterLab on 127.0.0.1 with nblaunch installed (no test stack, no browser)
+#   make docs  - build the docs site into build/docs/html (warnings are errors)
 #   make test  - lint and run the whole test suite
 #   make test-fast - the tests that start no process and no server (see tests/conftest.py): the layer to run while you work
 #   make test-loaded - the same suite with two busy processes beside it (its timed assertions must hold there)
@@ -11,15 +12,23 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.nblaunch-installed
 
-.PHONY: venv demo lab test test-fast test-loaded lint bench clean test-gpu gpu-wheels
+.PHONY: venv venv-base demo lab docs readme-images test test-fast test-loaded lint bench clean test-gpu gpu-wheels
 
-$(STAMP): pyproject.toml
+BASE_STAMP := $(VENV)/.nblaunch-base-installed
+
+# what JupyterLab with nblaunch needs (make lab), then the test stack on top (make venv, demo, test)
+$(BASE_STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e .
+	touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+venv-base: $(BASE_STAMP)
 venv: $(STAMP)
 
 # --- frontend (JupyterLab panel) -------------------------------------------------
@@ -33,14 +42,14 @@ CHROMIUM := /usr/bin/chromium
 FRONTEND_SOURCES := $(wildcard jupyter_ext/src/*.ts jupyter_ext/style/*) package.json tsconfig.json
 WITH_VENV := PATH=$(abspath $(VENV))/bin:$$PATH
 
-.PHONY: frontend frontend-test
+.PHONY: frontend labextension frontend-test
 
 # npm writes node_modules/.package-lock.json itself (so does the install during `pip install`).
 $(NODE_STAMP): package.json package-lock.json
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-$(LABEXT_STAMP): $(NODE_STAMP) $(FRONTEND_SOURCES) | venv
+$(LABEXT_STAMP): $(NODE_STAMP) $(FRONTEND_SOURCES) | venv-base
 	$(WITH_VENV) npm run build
 	touch $@
 
@@ -48,10 +57,14 @@ $(CHROMIUM):
 	apt-get update -q
 	DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium
 
-frontend: venv $(LABEXT_STAMP) $(CHROMIUM)
+# the labextension linked into the venv and the server extension enabled: all `make lab` needs
+labextension: venv-base $(LABEXT_STAMP)
 	@test -L $(LABEXT_LINK) || $(WITH_VENV) jupyter-builder develop --overwrite .
 	@test -e $(VENV)/etc/jupyter/jupyter_server_config.d/nblaunch.json \
 		|| $(VENV)/bin/jupyter server extension enable --sys-prefix jupyter_ext
+
+# the browser tests also need Chromium (Debian's, installed as root)
+frontend: venv labextension $(CHROMIUM)
 
 frontend-test: frontend
 	npm run --silent lint
@@ -62,9 +75,25 @@ frontend-test: frontend
 demo: venv
 	$(PY) notebooks/execute.py notebooks/quickstart.ipynb
 	$(PY) notebooks/execute.py notebooks/live_ranks.ipynb
+	@echo "Open them in JupyterLab to see the bars and charts: make lab, then build/notebooks/ in its file browser."
 
-lab: venv frontend
-	cd notebooks && ../$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser $(LAB_ARGS)
+lab: labextension
+	@echo "Starting JupyterLab: open the http://127.0.0.1:…/lab?token=… URL it prints below in your browser."
+	$(VENV)/bin/jupyter lab --ip=127.0.0.1 --no-browser \
+		--ServerApp.root_dir=$(CURDIR) --LabApp.default_url=/lab/tree/notebooks $(LAB_ARGS)
+
+# the docs site (Sphinx + MyST) into build/docs/html; warnings are errors (broken links, images, references)
+DOCS_OUT ?= build/docs
+docs: venv
+	$(PY) -m sphinx -W --keep-going -q -b html -d $(DOCS_OUT)/doctrees docs $(DOCS_OUT)/html
+	@echo "docs: $(DOCS_OUT)/html/index.html"
+
+# the README's pictures, from the latest browser test run (test-artifacts/); tests never write into docs/
+README_IMAGES := sidebar.png dashboard.png dashboard-log.png
+readme-images:
+	@for f in $(README_IMAGES); do test -f test-artifacts/$$f || { echo "test-artifacts/$$f missing: run \
+		.venv/bin/python -m pytest tests/panel_browser first"; exit 1; }; cp test-artifacts/$$f docs/$$f; done
+	@echo "copied $(README_IMAGES) into docs/"
 
 lint: venv
 	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench notebooks

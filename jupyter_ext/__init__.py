@@ -11,6 +11,10 @@ Example::
 
 from __future__ import annotations
 
+from kernelside.versions import installed_version
+
+__version__ = installed_version()  # `jupyter server extension list` shows it beside jupyter_ext
+
 
 def _jupyter_labextension_paths() -> list[dict]:
     return [{"src": "labextension", "dest": "nblaunch"}]

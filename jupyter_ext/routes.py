@@ -11,6 +11,7 @@ Client mistakes come back as JSON ``{"message", "fields"}`` with a 4xx status, n
 
 Example::
 
+    GET  /nblaunch/version              nblaunch, run_format, labextension, upgrade  api read
     GET  /nblaunch/config               path, values, schema, warnings             contents read
     PUT  /nblaunch/config               {"values": {...}, "overwrite": false}      contents write
     GET  /nblaunch/hardware[?refresh=1] GPUs, CPUs, RAM, torch and CUDA versions   kernels read
@@ -41,8 +42,9 @@ from .config_store import ConfigStore
 from .errors import PanelRequestError
 from .hardware_cache import HardwareCache
 from .runs import RunFolders
+from .version_check import server_versions
 
-CONTENTS, KERNELS = "contents", "kernels"  # Jupyter Server's resources for files and for kernels
+CONTENTS, KERNELS, API = "contents", "kernels", "api"  # Jupyter Server's resources for files, kernels, its status
 _TOO_DEEP = f"request body nests deeper than a launch setting can: {MAX_DEPTH} levels of values at most"
 
 
@@ -77,6 +79,13 @@ class _PanelHandler(APIHandler):
             self.set_status(e.status)
             result = e.to_json()
         self.finish(json.dumps(result))
+
+
+class VersionHandler(_PanelHandler):
+    @tornado.web.authenticated
+    @authorized("read", resource=API)  # what Jupyter Server asks for its own /api/status
+    async def get(self):
+        await self.answer(server_versions)
 
 
 class ConfigHandler(_PanelHandler):
@@ -164,6 +173,7 @@ def setup_routes(web_app, store: ConfigStore, hardware: HardwareCache, runs: Run
     web_app.add_handlers(
         ".*$",
         [
+            (url_path_join(base, "version"), VersionHandler, deps),
             (url_path_join(base, "config"), ConfigHandler, deps),
             (url_path_join(base, "hardware"), HardwareHandler, deps),
             (url_path_join(base, "accelerate", "import"), AccelerateImportHandler, deps),

@@ -45,6 +45,7 @@ from .rank_history import RankHistory
 from .rank_resources import RankSampler
 from .run_curves import RunCurves
 from .run_files import RunDir, RunFileError, private_base_problem
+from .version_check import kernel_version_note, run_format_note
 
 STOP_TIMEOUT_S = 3.0
 STACKS_TIMEOUT_S = 0.9  # the kernel gives its ranks 0.5 s (kernelside/launch/rank_stacks.py): an answer within 1 s
@@ -123,6 +124,8 @@ class RunFolders:
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
             summary = self._summary(d, state, d.in_use())
+        if state and run_format_note(state):
+            state = None  # another format: its ranks are not read either (summary["note"] says why)
         ranks = [dict(r) for r in (state or {}).get("ranks") or [] if isinstance(r, dict)]
         if summary["live"]:
             proven = {}
@@ -235,8 +238,14 @@ class RunFolders:
 
 
 def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
-    """The fields every listing shows; state files are read, never trusted for paths or pids."""
+    """The fields every listing shows; state files are read, never trusted for paths or pids.
+
+    A state file of another format is not read at all: the run is listed as unknown with a ``note``.
+    """
     s = state or {}
+    note = run_format_note(s) if state else None
+    if note:
+        s = {}
     status = RunState(s["state"]) if s.get("state") in WRITTEN_RUN_STATES else RunState.UNKNOWN
     root_cause = s.get("root_cause")
     live = status in LIVE_RUN_STATES and in_use
@@ -270,6 +279,7 @@ def _summary(d: RunDir, state: dict | None, in_use: bool) -> dict:
         "session": s.get("session") is True,  # a live session: one entry for its whole life
         "cells_run": s.get("cells_run") if isinstance(s.get("cells_run"), int) else None,
         "restarts": s.get("restarts") if isinstance(s.get("restarts"), int) else None,
+        "note": note or kernel_version_note(s),
     }
 
 

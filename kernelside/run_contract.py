@@ -24,7 +24,8 @@ the Jupyter server never loads torch by reading a run.
                    at most every SERIES_PROGRESS_EVERY_S a bar (its last state always); at most
                    SERIES_MAX_BYTES (then one {"kind": "full"} line, and nothing more)
 
-**State file** (``FORMAT_VERSION`` 1), a JSON object: ``version``, ``id``, ``engine``, ``control``
+**State file** (``FORMAT_VERSION`` 1), a JSON object: ``version`` (the format: a server reads only its own
+and lists any other with a note), ``nblaunch`` (the kernelside that wrote it), ``id``, ``engine``, ``control``
 (the run takes Stop), ``notebook``, ``cell`` (the execution count of the cell that started it),
 ``flags`` (that cell's ``%%distributed`` flags), ``kernel_id``, ``kernel_pid``, ``kernel_pid_start``, ``started``
 (wall time), ``updated``, ``updated_monotonic``, ``elapsed_s``, ``state`` (a ``RunState``),

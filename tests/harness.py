@@ -27,6 +27,7 @@ from tornado.httpclient import HTTPClientError
 
 from kernelside.config import MAX_DEPTH, MAX_VALUES
 from kernelside.launch import run_control
+from kernelside.run_contract import FORMAT_VERSION
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -199,11 +200,12 @@ def state_of(base: Path) -> dict | None:
 
 
 def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = False):
-    """A run folder made by hand; with ``hold_lock`` the test holds its lock, as a live kernel would."""
+    """A run folder made by hand (in this server's format unless ``state`` says otherwise); with ``hold_lock``
+    the test holds its lock, as a live kernel would."""
     d = base / name
     d.mkdir(mode=0o700)
     if state is not None:
-        (d / "state.json").write_text(json.dumps({"id": name, **state}))
+        (d / "state.json").write_text(json.dumps({"id": name, "version": FORMAT_VERSION, **state}))
     (d / "rank0.log").write_text("".join(f"forged line {i}\n" for i in range(5)))
     fd = os.open(d / ".in-use", os.O_CREAT | os.O_RDWR, 0o644)
     if hold_lock:

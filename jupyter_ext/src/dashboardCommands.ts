@@ -27,6 +27,7 @@ import {
 import { listenToLinks } from './linkClicks';
 import { RUN_ID } from './logCommands';
 import { formatElapsed, RunsModel } from './runsModel';
+import { openOnce } from './shellArea';
 
 /** What the run-name link of a cell's status line carries. */
 const RUN_LINK = 'a.nblaunch-run-link[data-nblaunch-run]';
@@ -54,14 +55,12 @@ export function addOpenDashboardCommand(
       if (!run || !RUN_ID.test(run)) {
         return;
       }
-      const widgetId = dashboardWidgetId(run);
-      const open = Array.from(app.shell.widgets('main')).find(w => w.id === widgetId);
-      if (!open) {
-        const widget = createDashboardWidget(run, runs, dashboardActions, icon);
-        app.shell.add(widget, 'main');
+      const widget = openOnce(app, dashboardWidgetId(run), () =>
+        createDashboardWidget(run, runs, dashboardActions, icon)
+      );
+      if (widget) {
         void tracker.add(widget);
       }
-      app.shell.activateById(widgetId);
     }
   });
   void restorer?.restore(tracker, {

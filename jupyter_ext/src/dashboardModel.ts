@@ -125,7 +125,7 @@ export function makeDashboardModel(detail: IRunDetail): IDashboardModel {
     notebook: detail.notebook,
     cell: detail.cell ?? null,
     facts,
-    outcome: detail.root_cause ?? '',
+    outcome: detail.root_cause || detail.note || '',
     gpu,
     columns: figures.map(f => f.label),
     ranks

@@ -9,6 +9,7 @@ import { JupyterFrontEnd } from '@jupyterlab/application';
 
 import { listenToLinks } from './linkClicks';
 import { createLogWidget, logWidgetId } from './logView';
+import { openOnce } from './shellArea';
 
 /** What the log links of a cell's status line carry. */
 const LOG_LINK = 'a.nblaunch-log-link[data-nblaunch-run][data-nblaunch-rank]';
@@ -28,12 +29,7 @@ export function addOpenLogCommand(
       if (!RUN_ID.test(run) || !Number.isInteger(rank) || rank < 0) {
         return;
       }
-      const widgetId = logWidgetId(run, rank);
-      const open = Array.from(app.shell.widgets('main')).find(w => w.id === widgetId);
-      if (!open) {
-        app.shell.add(createLogWidget(run, rank, titleOf(run, rank)), 'main');
-      }
-      app.shell.activateById(widgetId);
+      openOnce(app, logWidgetId(run, rank), () => createLogWidget(run, rank, titleOf(run, rank)));
     }
   });
 }

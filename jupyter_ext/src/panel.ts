@@ -19,6 +19,7 @@ import { RunsModel, RunsPoller } from './runsModel';
 import { OpenDashboard, RunsSection } from './runsView';
 import { PanelServerError } from './serverErrors';
 import { IConfigResponse, IExportResponse, IHardware, IImportResponse } from './types';
+import { EXTENSION_VERSION, IServerVersions, versionMismatchMessage } from './versionCheck';
 
 type Message = Parameters<Widget['processMessage']>[0];
 
@@ -63,6 +64,7 @@ export class LaunchPanel extends Widget {
         { class: 'nblaunch-section nblaunch-config', 'aria-labelledby': 'nblaunch-config-title' },
         h('h3', { id: 'nblaunch-config-title', class: 'nblaunch-section-title' }, 'Launch config'),
         this._pathLine,
+        this._versionNote,
         this._banner,
         this._body,
         h(
@@ -120,7 +122,25 @@ export class LaunchPanel extends Widget {
     } catch (error) {
       this._fail(error);
     }
-    await hardware;
+    await Promise.all([hardware, this._checkVersions()]);
+  }
+
+  /** Say what to upgrade when the server extension is another nblaunch than this page's extension. */
+  private async _checkVersions(): Promise<void> {
+    if (!this.model.loaded) {
+      return; // the server extension did not answer: _fail said why
+    }
+    let server: IServerVersions | null = null;
+    try {
+      server = await requestAPI<IServerVersions>('version');
+    } catch (error) {
+      if (!(error instanceof PanelServerError && error.extensionMissing)) {
+        return; // the config answered, so the server is there; nothing to say about versions
+      }
+    }
+    const message = versionMismatchMessage(EXTENSION_VERSION, server);
+    this._versionNote.replaceChildren(...(message ? [h('p', {}, message)] : []));
+    this._versionNote.hidden = !message;
   }
 
   async save(overwrite = false): Promise<void> {
@@ -308,6 +328,11 @@ export class LaunchPanel extends Widget {
   private _exportButton: HTMLButtonElement;
   private _status = h('div', { class: 'nblaunch-status', role: 'status', 'aria-live': 'polite' });
   private _banner = h('div', { class: 'nblaunch-banner' });
+  private _versionNote = h('div', {
+    class: 'nblaunch-error-box nblaunch-version-mismatch',
+    role: 'alert',
+    hidden: true
+  });
   private _body = h('div', { class: 'nblaunch-body' });
   private _form = new ConfigForm(this.model);
   private _runsSection: RunsSection;

@@ -110,8 +110,9 @@ class RunRow {
     set(this._elapsed, formatElapsed(run.elapsed_s));
     set(this._when, when, `${run.id}, ${when}`);
     set(this._meta, meta, meta);
-    set(this._cause, run.root_cause ?? '', run.root_cause ?? '');
-    this._cause.hidden = !run.root_cause;
+    const cause = run.root_cause || run.note || '';
+    set(this._cause, cause, cause);
+    this._cause.hidden = !cause;
     this._button.title = `Open the dashboard of ${runName(run)} (${run.state})`;
   }
 

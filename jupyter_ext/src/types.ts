@@ -125,6 +125,8 @@ export interface IRunSummary {
   backend: string | null;
   start_method: string | null;
   root_cause: string | null;
+  /** Another run-folder format (its state not read) or a kernel with another nblaunch: what to upgrade. */
+  note?: string | null;
   /** A live session (%distributed_start): one entry for its whole life, with its cells and restarts. */
   session?: boolean;
   cells_run?: number | null;

@@ -27,6 +27,7 @@ from ..kernel_shell import running_cell_count, running_shell
 from ..private_dir import open_in, replace_in
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 from ..short_traceback import error_line, first_line
+from ..versions import installed_version
 
 __all__ = ["FORMAT_VERSION", "STATE_FILE", "RunStateWriter", "kernel_identity", "proc_start_time", "run_state_of"]
 
@@ -125,6 +126,7 @@ class RunStateWriter:
         self._tmp = f".{STATE_FILE}.tmp"  # made beside it, inside the run folder (by its descriptor)
         self.base = {
             "version": FORMAT_VERSION,
+            "nblaunch": installed_version(),  # the server names a kernel of another nblaunch (kernelside/versions.py)
             "id": os.path.basename(run_dir),
             "engine": engine,
             "control": has_control,

@@ -1,7 +1,8 @@
 """What a cell shows, in a real JupyterLab and Debian's Chromium: the status line's short run name (a dashboard
 link, the log folder on hover), the chart at the cell's width with readable ticks, values on hover and a working
 smoothing control, %distributed_last's linked logs, %distributed_config's invalid value; and what JupyterLab's
-status bar says while a cell with widgets runs. Screenshots go to test-artifacts/ (copied to docs/)."""
+status bar says while a cell with widgets runs. Screenshots go to test-artifacts/ (`make readme-images` copies
+the README's into docs/)."""
 
 from __future__ import annotations
 

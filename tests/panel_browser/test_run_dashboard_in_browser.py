@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import time
-from pathlib import Path
 
 import psutil
 from lab_notebooks import write_notebook
 from playwright.sync_api import expect
 
-REPO = Path(__file__).resolve().parents[2]
 PANEL = "#nblaunch-panel"
 expect.set_options(timeout=60_000)
 
@@ -207,9 +204,7 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped")
     finally:
         snapshot(page, "dashboard-last-page.png")
-    for shot in ("sidebar.png", "dashboard.png", "dashboard-log.png"):
-        if (artifacts / shot).is_file():
-            shutil.copy(artifacts / shot, REPO / "docs" / shot)  # the README shows these
+    # the README's pictures are refreshed from these by `make readme-images`, never by a test run
 
 
 LIVE_CELLS = [

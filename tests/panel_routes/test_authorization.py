@@ -103,6 +103,7 @@ def live_run(run_base):
 def routes():
     """Every route with a request it takes, and the (action, resource) Jupyter Server would ask for."""
     return [
+        ("GET", ("version",), None, ("read", "api")),
         ("GET", ("config",), None, ("read", "contents")),
         ("PUT", ("config",), {"values": {"num_processes": 3}}, ("write", "contents")),
         ("GET", ("hardware",), None, ("read", "kernels")),
