@@ -13,6 +13,9 @@ import psutil
 import pytest
 from kernel import Kernel
 
+pytestmark = pytest.mark.kernel  # starts kernels
+
+
 PRINT_5MB = (
     "%%distributed -n 2\nif rank == 0:\n    for i in range(50_000):\n        print(f'line {i:06d} ' + 'x' * 90)\n"
     "print('end', rank)"

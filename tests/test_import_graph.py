@@ -244,6 +244,7 @@ def test_the_server_imports_only_kernelsides_torch_free_modules():
     known, graph_of = server_graph()
     allowed = ("kernelside.run_contract", "kernelside.nvml_devices", "kernelside.hardware_facts", "kernelside.config")
     allowed += ("kernelside.private_dir",)  # the run-folder base's rules, which kernel and server share
+    allowed += ("kernelside.versions",)  # the installed nblaunch's version, which the server reports to the panel
     for name in (n for n in known if n.startswith("jupyter_ext")):
         for target in graph_of(name):
             if target.startswith("kernelside."):

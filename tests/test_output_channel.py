@@ -14,6 +14,9 @@ from kernel import Kernel
 
 from kernelside.display.output import HELD_TAIL_BYTES, MAX_MESSAGE_BYTES, SHOW_BURST_BYTES, SHOW_RATE_BYTES
 
+pytestmark = pytest.mark.kernel  # starts kernels
+
+
 FORGED = ["\x1b]nblaunch;1\x07", "\x1b]nblaunch;" + "9" * 5000 + "\x07", "\x1b]nblaunch;" + "f" * 32 + ";2\x07"]
 
 

@@ -15,8 +15,11 @@ from kernel import Kernel
 
 from kernelside.run_contract import proc_stat as _stat
 
+pytestmark = pytest.mark.kernel  # starts kernels
+
 START = """
 import json, os, subprocess, sys
+
 def start_strays(path, keep=False):
     env = {**os.environ, "NBLAUNCH_KEEP": "1"} if keep else None
     session = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True, env=env)

@@ -8,7 +8,11 @@ import os
 import re
 
 import nbformat
+import pytest
 from kernel import REPO
+
+pytestmark = pytest.mark.kernel  # starts kernels
+
 
 spec = importlib.util.spec_from_file_location("execute_nb", os.path.join(REPO, "notebooks", "execute.py"))
 execute_nb = importlib.util.module_from_spec(spec)

@@ -17,6 +17,9 @@ import torch
 
 from kernelside import WorkerError, last_report, notebook_launcher
 
+pytestmark = pytest.mark.processes  # starts ranks
+
+
 MIB = 1 << 20
 
 

@@ -19,6 +19,7 @@ from kernelside.launch.recorder import RunRecorder
 from kernelside.launch.report import LaunchReport
 from kernelside.run_contract import (
     FINAL_RANK_STATES,
+    FORMAT_VERSION,
     LIVE_RUN_STATES,
     STATE_FILE,
     WRITTEN_RUN_STATES,
@@ -62,7 +63,7 @@ def test_the_union_parser_reads_what_prettier_writes_on_one_line_or_many(tmp_pat
 def _forge(base, name: str, state: dict) -> None:
     folder = base / name
     folder.mkdir(mode=0o700, parents=True)
-    (folder / STATE_FILE).write_text(json.dumps(state))
+    (folder / STATE_FILE).write_text(json.dumps({"version": FORMAT_VERSION, **state}))
 
 
 @pytest.fixture

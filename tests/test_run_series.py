@@ -9,6 +9,7 @@ import json
 import os
 
 import nbformat
+import pytest
 from nbclient import NotebookClient
 
 from jupyter_ext.run_curves import RunCurves
@@ -16,9 +17,12 @@ from jupyter_ext.run_files import RunDir
 from kernelside.launch.run_series import RunSeries
 from kernelside.run_contract import SERIES_FILE
 
+pytestmark = pytest.mark.kernel  # starts kernels
+
 STEPS = 30
 CELL = f"""%%distributed -n 3
 import time
+
 for i in progress(range({STEPS}), desc="train"):
     time.sleep(0.12 if rank == 2 else 0.04)
     log_metrics(step=i, loss=1.0 / (i + 1))

@@ -10,6 +10,8 @@ from kernel import Kernel
 
 from bench.stacks_soak import soak
 
+pytestmark = pytest.mark.kernel  # starts kernels
+
 
 @pytest.fixture
 def kernel(tmp_path):

@@ -12,6 +12,8 @@ import tqdm.auto
 from kernelside.worker import tqdm_holders
 from kernelside.worker.tqdm_holders import Holders, tqdm_classes
 
+pytestmark = pytest.mark.processes  # starts ranks
+
 
 @pytest.fixture
 def module():

@@ -16,7 +16,7 @@ import pytest
 from harness import REPO, fetch, forge_run, state_of, wait_until, wait_until_async
 
 from jupyter_ext.rank_resources import is_that_process, proc_start_time
-from kernelside.run_contract import FORMAT_VERSION, log_times_record
+from kernelside.run_contract import log_times_record
 
 OWNER = Path(__file__).with_name("run_owner.py")
 

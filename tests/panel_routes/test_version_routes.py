@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from test_runs_routes import fetch, forge_run, run_base  # noqa: F401 - fixture
+from harness import fetch, forge_run
 
 from kernelside.run_contract import FORMAT_VERSION
 from kernelside.versions import installed_version
