@@ -22,19 +22,19 @@ for step in range(600):
 
 
 def test_notebook7_opens_the_panel_runs_a_cell_and_shows_its_dashboard_and_log_beside_it(
-    lab_server, browser_page, snapshot
+    lab_server, browser_page, snapshot, artifacts
 ):
     page = browser_page
     page.set_default_timeout(60_000)
     errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("pageerror", lambda e: errors.append(f"{e}\n{e.stack}"))
     write_notebook(lab_server.root / "nb7.ipynb", ["%load_ext kernelside", CELL])
     try:
         page.goto(lab_server.page_url("notebooks/nb7.ipynb"))
         expect(page.locator(".jp-NotebookPanel .jp-Cell").first).to_be_visible()
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^View$")).click()
-        page.get_by_role("menuitem", name=re.compile("Left Sidebar")).hover()
-        page.get_by_role("menuitem", name=re.compile("Distributed launch")).click()
+        page.locator(".lm-Menu-itemLabel", has_text=re.compile(r"^Left Sidebar$")).click()  # a submenu
+        page.locator(".lm-Menu-itemLabel", has_text="Show Distributed launch").click()
         panel = page.locator("#nblaunch-panel")
         expect(panel.locator(".nblaunch-path")).to_contain_text("Config file")
         expect(panel.locator(".nblaunch-version-mismatch")).to_be_hidden()  # same nblaunch on both sides
@@ -59,4 +59,6 @@ def test_notebook7_opens_the_panel_runs_a_cell_and_shows_its_dashboard_and_log_b
         page.keyboard.press("Escape")
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Kernel$")).click()
         page.get_by_role("menuitem", name=re.compile("^Interrupt")).click()
-    assert errors == []
+    (artifacts / "notebook7-pageerrors.txt").write_text("\n\n".join(errors))
+    ours = [e for e in errors if "labextensions/nblaunch" in e]
+    assert ours == [], ours  # an uncaught error from nblaunch's extension; others' land in the file above
