@@ -16,7 +16,8 @@ from kernel import Cell, Kernel
 from kernel_debugger import KernelDebugger
 
 # what a rank says about the kernel's debugger: its trace function and whether pydevd is loaded in it
-TRACE_REPORT = "import sys\n(sys.gettrace() is None, 'pydevd' in sys.modules, 'debugpy' in sys.modules)"
+TRACE_REPORT = "import sys\nreport = (sys.gettrace() is None, 'pydevd' in sys.modules, 'debugpy' in sys.modules)"
+EVERY_RANK = "--return report --return-from all"  # (the notebook's ``report`` then lists every rank's)
 
 
 @pytest.fixture(scope="module")
@@ -35,14 +36,14 @@ def debugged(tmp_path_factory):
 def test_a_one_shot_cell_runs_and_ends_with_the_debugger_on(debugged, start_method):
     k, _ = debugged
     cell = k.run(
-        f"%%distributed -n 2 --start-method {start_method} --return-from all\n"
+        f"%%distributed -n 2 --start-method {start_method} {EVERY_RANK}\n"
         "print(f'rank {rank} of {world_size}', flush=True)\n" + TRACE_REPORT,
         timeout=180,
     ).ok()
     assert "rank 0 of 2" in cell.stdout
     # every rank untraced; a spawned (or template-forked) rank loads no pydevd at all
     pydevd_loaded = start_method == "fork"
-    assert cell.result["text/plain"] == repr([(True, pydevd_loaded, pydevd_loaded)] * 2)
+    assert k.run("report").result["text/plain"] == repr([(True, pydevd_loaded, pydevd_loaded)] * 2)
     assert k.children() == []
 
 
@@ -66,10 +67,10 @@ def test_a_live_session_runs_cells_and_stops_with_the_debugger_on(debugged):
     k.run("%distributed_start -n 2", timeout=180).ok()
     try:
         k.run("%%distributed\nx = 10 * (rank + 1)", timeout=120).ok()
-        cell = k.run("%%distributed --return-from all\nx + 1", timeout=120).ok()
-        assert cell.result["text/plain"] == "[11, 21]"
-        cell = k.run("%%distributed --return-from all\n" + TRACE_REPORT, timeout=120).ok()
-        assert cell.result["text/plain"] == repr([(True, True, True)] * 2)  # (live ranks are forked)
+        k.run("%%distributed --return y --return-from all\ny = x + 1", timeout=120).ok()
+        assert k.run("y").result["text/plain"] == "[11, 21]"
+        k.run(f"%%distributed {EVERY_RANK}\n" + TRACE_REPORT, timeout=120).ok()
+        assert k.run("report").result["text/plain"] == repr([(True, True, True)] * 2)  # (live ranks are forked)
     finally:
         k.run("%distributed_stop", timeout=120).ok()
     assert k.children() == []
@@ -120,10 +121,10 @@ def test_with_the_debugger_off_a_spawned_rank_imports_nothing_of_debugpy(tmp_pat
     k = Kernel(cwd=str(tmp_path))
     try:
         k.run("%load_ext kernelside").ok()
-        cell = k.run("%%distributed -n 2 --start-method spawn --return-from all\n" + TRACE_REPORT, timeout=180)
-        assert cell.ok().result["text/plain"] == repr([(True, False, False)] * 2)
+        k.run(f"%%distributed -n 2 --start-method spawn {EVERY_RANK}\n" + TRACE_REPORT, timeout=180).ok()
+        assert k.run("report").result["text/plain"] == repr([(True, False, False)] * 2)
         # a forked rank has what the kernel had (ipykernel imports debugpy), but no tracer
-        cell = k.run("%%distributed -n 2 --start-method fork --return-from all\nimport sys\nsys.gettrace()")
-        assert cell.ok().result["text/plain"] == "[None, None]"
+        k.run(f"%%distributed -n 2 --start-method fork {EVERY_RANK}\n" + TRACE_REPORT, timeout=180).ok()
+        assert k.run("report").result["text/plain"] == repr([(True, True, True)] * 2)
     finally:
         k.shutdown()
