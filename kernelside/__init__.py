@@ -104,6 +104,9 @@ def worker_context():
 
 
 def load_ipython_extension(ipython):
+    from .debugger.undebugged import import_undebugged
+
+    import_undebugged(f"{__name__}.notebook.magics")  # (torch's import, untraced with JupyterLab's debugger on)
     from .notebook.magics import register
 
     register(ipython)

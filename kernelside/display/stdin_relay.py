@@ -34,6 +34,7 @@ import queue
 import threading
 
 from ..channel import encode
+from ..debugger.undebugged import undebugged
 
 WITHDRAW_WAIT_S = 1.0
 
@@ -74,8 +75,8 @@ class StdinRelay:
         self._busy = True
         self.asked += 1
         # ctx: the cell's request context, taken when the rank asked: the frontend that ran it gets the prompt
-        self._thread = threading.Thread(
-            target=ctx.run, args=(self._ask, reply_fd, request), name="nblaunch-stdin", daemon=True
+        self._thread = undebugged(
+            threading.Thread(target=ctx.run, args=(self._ask, reply_fd, request), name="nblaunch-stdin", daemon=True)
         )
         self._thread.start()
 

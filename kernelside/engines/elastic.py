@@ -35,6 +35,7 @@ import threading
 
 import cloudpickle
 
+from ..debugger.undebugged import ranks_start_undebugged, undebugged
 from ..errors import LaunchError
 from ..worker.lifecycle import RankSpec, run_rank
 from ..worker.std_streams import flush_all, forget_kernel_shell, fresh_std_streams
@@ -233,11 +234,12 @@ class ElasticEngine(Engine):
         def run() -> None:
             # In a thread, torch's agent installs no signal handlers: Ctrl-C stays the kernel's (run_engine's).
             try:
-                self.ended["values"] = launch(blob, base, self.error_dir)
+                with ranks_start_undebugged():  # (pydevd's patching switch is per thread)
+                    self.ended["values"] = launch(blob, base, self.error_dir)
             except BaseException as e:  # noqa: B036 - told to the recorder by poll()
                 self.ended["error"] = e
 
-        self.thread = threading.Thread(target=run, name="nblaunch-elastic-agent", daemon=True)
+        self.thread = undebugged(threading.Thread(target=run, name="nblaunch-elastic-agent", daemon=True))
         self.thread.start()
         if threading.current_thread() is threading.main_thread():
             # as torch's agent does in a main thread: a kernel told to end stops its workers first

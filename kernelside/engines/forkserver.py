@@ -27,6 +27,7 @@ import sys
 import time
 
 from .. import interrupts
+from ..debugger.undebugged import ranks_start_undebugged
 from ..worker.forkserver_template import TEMPLATE_COMMAND, TEMPLATE_MARK, receive, send
 from .contract import ExitStatus
 
@@ -56,16 +57,17 @@ class Template:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-c", TEMPLATE_COMMAND, TEMPLATE_MARK, str(theirs.fileno()), str(os.getpid())],
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                start_new_session=True,  # the kernel's interrupt (sent to its process group) is not ours
-                close_fds=True,
-            )
+            with ranks_start_undebugged():
+                proc = subprocess.Popen(
+                    [sys.executable, "-c", TEMPLATE_COMMAND, TEMPLATE_MARK, str(theirs.fileno()), str(os.getpid())],
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                    pass_fds=(theirs.fileno(),),
+                    env=env,
+                    start_new_session=True,  # the kernel's interrupt (sent to its process group) is not ours
+                    close_fds=True,
+                )
         except BaseException:
             ours.close()
             raise

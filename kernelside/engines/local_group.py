@@ -24,6 +24,7 @@ import sys
 import time
 
 from .. import interrupts, process_tree
+from ..debugger.undebugged import ranks_start_undebugged
 from ..worker.entry import SPAWN_COMMAND, RankStart, enter_forked, spawn_env
 from .contract import ExitStatus
 
@@ -284,7 +285,8 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _fork(payload: RankStart, rp: RankPipes) -> int:
-    pid = os.fork()
+    with ranks_start_undebugged():
+        pid = os.fork()
     if pid == 0:  # child
         enter_forked(payload, rp.stdout_w, rp.stderr_w)  # never returns
         os._exit(70)
@@ -305,6 +307,11 @@ def _spawn(payload: RankStart, rp: RankPipes, memfd: int) -> subprocess.Popen:
     env.update(spawn_env(payload, memfd))
     here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH"), here) if p)
+    with ranks_start_undebugged():
+        return _popen_rank(env, rp, memfd)
+
+
+def _popen_rank(env: dict, rp: RankPipes, memfd: int) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-c", SPAWN_COMMAND],
         stdin=subprocess.DEVNULL,

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 
+from ..debugger.undebugged import undebugged
 from ..errors import LaunchConfigError
 from ..worker.context import set_current
 from ..worker.lifecycle import RankSpec, run_rank
@@ -51,7 +52,7 @@ class _EventBatcher:
         self.items: list = []
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="nblaunch-events", daemon=True)
+        self.thread = undebugged(threading.Thread(target=self._run, name="nblaunch-events", daemon=True))
         self.thread.start()
 
     def send(self, kind: str, payload=None) -> None:

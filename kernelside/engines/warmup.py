@@ -19,6 +19,7 @@ import os
 import threading
 
 from .. import interrupts
+from ..debugger.undebugged import undebugged
 
 JOIN_POLL_S = 0.05  # how often a launch waiting for the imports looks for ■
 
@@ -60,7 +61,7 @@ def start() -> None:
     with WARMUP.lock:
         if WARMUP.done or WARMUP.thread is not None:
             return
-        t = threading.Thread(target=_run, name="nblaunch-warmup", daemon=True)
+        t = undebugged(threading.Thread(target=_run, name="nblaunch-warmup", daemon=True))
         WARMUP.thread = t
         t.start()
 

@@ -30,6 +30,7 @@ import socket
 import struct
 import threading
 
+from ..debugger.undebugged import undebugged
 from ..private_dir import folder_fd
 from ..run_contract import CONTROL_SOCKET  # the run folder's contract: the server connects by this name
 from . import rank_stacks
@@ -165,7 +166,9 @@ class RunControl:
         except Exception as e:  # noqa: BLE001 - the run goes on; the asker gets the reason
             _send_and_close(conn, {"ok": False, "message": f"the ranks could not be asked: {type(e).__name__}: {e}"})
             return
-        t = threading.Thread(target=_collect_and_reply, args=(conn, request), name="nblaunch-stacks", daemon=True)
+        t = undebugged(
+            threading.Thread(target=_collect_and_reply, args=(conn, request), name="nblaunch-stacks", daemon=True)
+        )
         self.answering = [a for a in self.answering if a.is_alive()] + [t]
         t.start()
 

@@ -33,6 +33,7 @@ import selectors
 import threading
 import time
 
+from ..debugger.undebugged import undebugged
 from ..launch import rank_stacks
 from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
@@ -84,7 +85,7 @@ class LiveRunEntry(RunTracker):
         self.thread = None
         if self.channel is not None:
             self._quit_r, self._quit_w = _pipe()
-            self.thread = threading.Thread(target=self._serve, name="nblaunch-live-control", daemon=True)
+            self.thread = undebugged(threading.Thread(target=self._serve, name="nblaunch-live-control", daemon=True))
             self.thread.start()
 
     # -- what the session tells ------------------------------------------------------------

@@ -23,6 +23,7 @@ import sys
 
 from .. import process_tree
 from ..channel import EventWriter
+from ..debugger.undebugged import drop_inherited_tracer
 from .lifecycle import RankSpec, error_payload, run_rank
 from .results import remember_kernel_main_objects
 from .std_streams import enable_faulthandler, flush_all, forget_kernel_shell, fresh_std_streams, libc
@@ -93,6 +94,7 @@ def _end_wandb_service() -> None:
 def enter_forked(p: RankStart, out_fd: int, err_fd: int) -> None:
     """First thing a forked child does. Never returns."""
     try:
+        drop_inherited_tracer()  # (the kernel's debugger, if on, was left behind at the fork)
         os.setsid()  # own process group: the kernel's SIGINT does not reach us, and killpg reaches our children
         _die_with_parent(p.parent_pid)
         os.dup2(out_fd, 1)
