@@ -16,6 +16,7 @@ expect.set_options(timeout=60_000)
 
 SLOW_RANK_CELL = """%%distributed -n 4
 import time
+from kernelside import log_metrics, progress
 for step in progress(range(400), desc="train"):
     time.sleep(0.25 if rank == 2 else 0.08)   # rank 2: a third of the others' pace
     log_metrics(step=step, loss=2.0 / (1 + step) + 0.05)
