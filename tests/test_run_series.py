@@ -22,7 +22,7 @@ pytestmark = pytest.mark.kernel  # starts kernels
 STEPS = 30
 CELL = f"""%%distributed -n 3
 import time
-
+from kernelside import log_metrics, progress
 for i in progress(range({STEPS}), desc="train"):
     time.sleep(0.12 if rank == 2 else 0.04)
     log_metrics(step=i, loss=1.0 / (i + 1))

@@ -75,7 +75,8 @@ export function makeTimeChart(
   const format = formatterOf(unit);
   let y: { min: number; max: number; ticks: ITick[] };
   if (unit === 'percent') {
-    y = valueAxis(0, Math.max(100, yHigh), 1, format);
+    // 0–100 % once a rank is busy; a quiet run (every rank under 10 %) gets 0–10 %, so its lines are not flat
+    y = valueAxis(0, yHigh > 10 ? Math.max(100, yHigh) : 10, 1, format);
   } else if (unit === 'bytes') {
     const u = byteUnitOf(yHigh);
     const step = 1024 ** u; // every tick in one unit: 0 MiB, 100 MiB, … (not 0 B)
@@ -128,8 +129,9 @@ export function timeTicks(start: number, end: number): ITick[] {
   const steps = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400];
   const step = steps.find(s => span / s <= TICKS + 1) ?? 14400;
   const ticks: ITick[] = [];
-  for (let at = 0; at <= span + 1e-9; at += step) {
-    ticks.push({ at: start + at, label: formatClock(at) });
+  // at round times since the start (x is seconds since the run began): 0:40, 0:45, … not offsets from the first sample
+  for (let at = Math.ceil(start / step - 1e-9) * step; at <= end + 1e-9; at += step) {
+    ticks.push({ at, label: formatClock(at) });
   }
   return ticks;
 }

@@ -152,7 +152,8 @@ describe('axes', () => {
 
   it('labels time as elapsed clock time at round intervals', () => {
     expect(timeTicks(0, 20).map(t => t.label)).toEqual(['0:00', '0:05', '0:10', '0:15', '0:20']);
-    expect(timeTicks(100, 400).map(t => t.at - 100)).toEqual([0, 60, 120, 180, 240, 300]);
+    expect(timeTicks(100, 400).map(t => t.label)).toEqual(['2:00', '3:00', '4:00', '5:00', '6:00']);
+    expect(timeTicks(42, 50).map(t => t.label)).toEqual(['0:42', '0:44', '0:46', '0:48', '0:50']);
     expect(formatClock(3723)).toBe('1:02:03');
   });
 
@@ -175,5 +176,20 @@ describe('axes', () => {
     expect(valueAt(chart.lines[0], 1.9)).toBe(97);
     expect(valueAt(chart.lines[0], 1.1)).toBeNull();
     expect(chart.format(96.6)).toBe('97%');
+    const quiet = makeTimeChart(
+      'CPU',
+      'percent',
+      [
+        {
+          label: 'rank 0',
+          points: [
+            [0, 3],
+            [1, 6]
+          ]
+        }
+      ],
+      'time'
+    );
+    expect(quiet.y.ticks.map(t => t.label)).toEqual(['0%', '2%', '4%', '6%', '8%', '10%']); // not a flat line
   });
 });

@@ -103,8 +103,8 @@ class RunRecorder:
         self.router.feed(rank, stream, data)
 
     def event(self, rank: int, kind: str, payload) -> None:
-        """One worker event: ``ready``, ``done``, ``progress``, ``pace``, ``metrics``, ``result``, ``error``,
-        ``idle``."""
+        """One worker event: ``ready``, ``done``, ``progress``, ``pace`` (a hidden bar's count), ``metrics``,
+        ``result``, ``error`` or ``idle``."""
         rr = self._rank(rank)
         if kind == "error" and self.stopping and payload.get("type") == "KeyboardInterrupt":
             kind = "stopped"  # the interrupt we sent to stop this rank (a live session's), not a failure of its own

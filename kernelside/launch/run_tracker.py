@@ -1,6 +1,6 @@
 """What the launch panel needs from one launch, in one object the engine holds for the run:
-its ``state.json`` (``run_state.RunStateWriter``), its curves and pace (``run_series.RunSeries``) and, for
-engines whose loop is ours, its Stop channel (``run_control.RunControl``).
+its ``state.json`` (``run_state.RunStateWriter``), its curves and pace (``run_series.RunSeries``) and,
+for engines whose loop is ours, its Stop channel (``run_control.RunControl``).
 
 The engine wraps a launch in ``track_run()``; the kernel loop calls ``attach()`` once and
 ``tick(report)`` on every turn (a compare of a few fields unless something changed or
