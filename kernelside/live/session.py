@@ -206,7 +206,7 @@ class LiveSession:
         if self.world.state is WorldState.BROKEN:  # a request before this one could not reach the ranks whole
             reason = self.world.broken_because
             self.err.write(f"nblaunch: {reason}; {RESTARTED}.\n")
-            self._act(Verdict(WorldFate.RESTART, reason))
+            self._act(Verdict(WorldFate.RESTART, reason), what="the live session was restarted, but its new ranks")
 
     def _request(self, request: LiveRequest):
         ranks = request.chosen_ranks(self.plan.num_processes)
@@ -241,14 +241,14 @@ class LiveSession:
             self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
         return outcome
 
-    def _act(self, verdict: Verdict, cause: BaseException | None = None) -> None:
+    def _act(self, verdict: Verdict, cause=None, what: str = "the new ranks of that restart") -> None:
         """The one place the session acts on what a request left of the world: a world that cannot go on is
         restarted (new processes, same flags) and brought up; one kept or rebuilt goes on as it is. (Stop from
         the launch panel meanwhile: no restart, the session closes the world next.)"""
         if not verdict.restarts or self.runs.stop_asked.is_set():
             return
         self.restart_world()
-        self._bring_up("the new ranks of that restart", cause=cause)
+        self._bring_up(what, cause=cause)
 
     def _execute(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
         if engine.req_id:
