@@ -15,6 +15,8 @@ import pytest
 from kernel import Cell, Kernel
 from kernel_debugger import KernelDebugger
 
+pytestmark = pytest.mark.kernel  # starts kernels
+
 # what a rank says about the kernel's debugger: its trace function and whether pydevd is loaded in it
 TRACE_REPORT = "import sys\nreport = (sys.gettrace() is None, 'pydevd' in sys.modules, 'debugpy' in sys.modules)"
 EVERY_RANK = "--return report --return-from all"  # (the notebook's ``report`` then lists every rank's)
