@@ -186,6 +186,22 @@ def open_in(folder: str, name: str, flags: int, mode: int = 0o600) -> int:
         return os.open(name, flags | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
 
 
+def write_in(folder: str, name: str, data: bytes) -> None:
+    """Make (or empty) the owner-only file ``name`` inside ``folder`` without following a link, and write ``data``.
+
+    Example::
+
+        >>> write_in(run_dir, ".state.json.tmp", b"{}")   # doctest: +SKIP
+    """
+    fd = open_in(folder, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+    finally:
+        os.close(fd)
+
+
 def replace_in(folder: str, source: str, target: str) -> None:
     """Rename ``source`` over ``target``, both inside ``folder`` (by its descriptor when it is an ``OpenFolder``)."""
     with folder_fd(folder) as dir_fd:

@@ -22,7 +22,7 @@ import pickle
 import re
 import stat
 
-from ..private_dir import check_private, folder_fd, open_in
+from ..private_dir import check_private, folder_fd, open_in, write_in
 
 ERRORS = "errors"
 MAX_FILE_BYTES = 1 << 24  # an error payload (traceback, message) is far smaller
@@ -60,16 +60,6 @@ def _read(folder: str, name: str) -> bytes | None:
         os.close(fd)
 
 
-def _write(folder: str, name: str, data: bytes) -> None:
-    fd = open_in(folder, name, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-    finally:
-        os.close(fd)
-
-
 def _ranks(folder: str, kind: str) -> list[int]:
     try:
         with folder_fd(folder) as fd:
@@ -81,7 +71,7 @@ def _ranks(folder: str, kind: str) -> list[int]:
 
 def write_pid(error_dir: str, rank: int) -> None:
     """In a worker: its pid, for the kernel to stop it by."""
-    _write(error_dir, f"rank{rank}.pid", str(os.getpid()).encode())
+    write_in(error_dir, f"rank{rank}.pid", str(os.getpid()).encode())
 
 
 def read_pids(error_dir: str) -> list[int]:
@@ -96,7 +86,7 @@ def read_pids(error_dir: str) -> list[int]:
 
 def write_error(error_dir: str, rank: int, payload) -> None:
     """In a worker that failed: its error payload."""
-    _write(error_dir, f"rank{rank}.error", pickle.dumps(payload))
+    write_in(error_dir, f"rank{rank}.error", pickle.dumps(payload))
 
 
 def error_ranks(error_dir: str) -> list[int]:

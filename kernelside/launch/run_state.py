@@ -24,7 +24,7 @@ import sys
 import time
 
 from ..kernel_shell import running_cell_count, running_shell
-from ..private_dir import open_in, replace_in
+from ..private_dir import replace_in, write_in
 from ..run_contract import FORMAT_VERSION, STATE_FILE, RunState, proc_start_time
 from ..short_traceback import error_line, first_line
 from ..versions import installed_version
@@ -238,12 +238,5 @@ class RunStateWriter:
             }
 
     def _write(self, state: dict) -> None:
-        data = json.dumps(state, separators=(",", ":")).encode()
-        fd = open_in(self.run_dir, self._tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-        finally:
-            os.close(fd)
+        write_in(self.run_dir, self._tmp, json.dumps(state, separators=(",", ":")).encode())
         replace_in(self.run_dir, self._tmp, STATE_FILE)  # readers see the old file or this one, never half of it
