@@ -96,6 +96,7 @@ class _Sink:
     def __init__(self, folder: str, rank: int):
         self.folder, self.name = folder, f"rank{rank}-{secrets.token_hex(4)}.seg"
         self.fd: int | None = None
+        self.created = False  # the file exists (it is made at the first big buffer)
         self.size = 0
         self.table: list[tuple[int, int]] = []  # (offset, nbytes) of each out-of-band buffer, in pickle order
         self.fell_back = 0  # bytes that went in the pickle because the memory file system was full
@@ -131,6 +132,13 @@ class _Sink:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+            self.created = True
+
+    def remove(self) -> None:
+        """Take the segment file away (nothing in it will be sent)."""
+        if self.created:
+            os.unlink(os.path.join(self.folder, self.name))
+            self.created = False
 
 
 def dumps_with_segments(value, folder: str, rank: int, pickler_class) -> bytes:
@@ -143,10 +151,11 @@ def dumps_with_segments(value, folder: str, rank: int, pickler_class) -> bytes:
         pickler_class(buf, protocol=5, buffer_callback=sink.keep).dump(value)
     except BaseException:
         sink.close()
-        if sink.table:
-            os.unlink(os.path.join(folder, sink.name))
+        sink.remove()
         raise
     sink.close()
+    if not sink.table:
+        sink.remove()  # every buffer fell back to the pickle: the kernel is sent no segment to take
     inner = buf.getvalue()
     if not sink.table and not sink.fell_back:
         return inner
@@ -207,7 +216,10 @@ class Received:
             raise ValueError(f"a result names segment {name!r} outside this launch's folder")
         fd = open_in(folder, name, os.O_RDWR)
         try:
-            os.unlink(name, dir_fd=folder.fd) if folder.fd is not None else os.unlink(os.path.join(folder, name))
+            if folder.fd is not None:
+                os.unlink(name, dir_fd=folder.fd)
+            else:
+                os.unlink(os.path.join(folder, name))
             size = os.fstat(fd).st_size
             segment = mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE) if size else None
         finally:
