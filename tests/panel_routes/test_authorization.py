@@ -21,7 +21,7 @@ from traitlets.config import Config
 from kernelside.launch.run_control import socket_address
 
 RUN = "run-20200101-000000-authz"
-READ_ONLY = {("read", "contents"), ("read", "kernels")}
+READ_ONLY = {("read", "contents"), ("read", "kernels"), ("read", "api")}  # api: what /api/status asks
 EVERYTHING = READ_ONLY | {("write", "contents"), ("write", "kernels")}
 
 
