@@ -354,24 +354,13 @@ class RunRecorder:
         try:
             received = Received.take(body, self.segments)
         except (OSError, ValueError) as e:
-            self._fail(
-                Failure(
-                    rank=rank,
-                    kind="error",
-                    message=f"rank {rank}'s return value could not be read from shared memory: {e}",
-                    t=time.monotonic(),
-                    phase="result",
-                )
-            )
+            why = f"rank {rank}'s return value could not be read from shared memory: {e}"
+            self._fail(Failure(rank=rank, kind="error", message=why, t=CLOCKS[self.clock](), phase="result"))
             return None
-        if received.fell_back:
-            text = (
-                f"nblaunch: rank {rank}'s return value ({received.fell_back / 2**20:.0f} MiB of it) came through a "
-                f"pipe, not shared memory: {received.fell_back_reason}. Results this big come back faster with more "
-                "free space in /dev/shm (a container's default is 64 MiB: `docker run --shm-size=8g`)."
-            )
-            self.report.notes.append(text)
-            print(text, file=sys.stderr)  # in a kernel, the cell's stderr: the run goes on and succeeds
+        note = received.fallback_note(rank)
+        if note:
+            self.report.notes.append(note)
+            print(note, file=sys.stderr)  # in a kernel, the cell's stderr: the run goes on and succeeds
         return received
 
     def _values(self) -> list:

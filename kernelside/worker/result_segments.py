@@ -226,6 +226,16 @@ class Received:
             os.close(fd)
         return cls(inner, segment, table, fell_back, reason)
 
+    def fallback_note(self, rank: int) -> str | None:
+        """What the cell says when some of rank ``rank``'s value came through the pipe instead (None if none did)."""
+        if not self.fell_back:
+            return None
+        return (
+            f"nblaunch: rank {rank}'s return value ({self.fell_back / 2**20:.0f} MiB of it) came through a pipe, not "
+            f"shared memory: {self.fell_back_reason}. Results this big come back faster with more free space in "
+            "/dev/shm (a container's default is 64 MiB: `docker run --shm-size=8g`)."
+        )
+
     def loads(self):
         import cloudpickle
 
