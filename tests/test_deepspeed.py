@@ -201,7 +201,8 @@ def test_the_fp16_refusal_follows_the_cpus_answer_whichever_it_is(has_fp16_kerne
     values = resolve_config({}, config=fp16_config(tmp_path)).values
     if has_fp16_kernels:
         env = accelerate_env(values, use_cpu=True)
-        assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_DEEPSPEED_CONFIG_FILE"].endswith("fp16.json")
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
+        assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"].endswith("fp16.json")
     else:
         with pytest.raises(LaunchConfigError, match=FP16_REFUSED):
             accelerate_env(values, use_cpu=True)
