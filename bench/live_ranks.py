@@ -40,24 +40,27 @@ def _timed(k, code: str) -> float:
     return time.perf_counter() - t0
 
 
-def measure(k, n: int, cells: int) -> dict[str, list[float]]:
-    """Interleaved wall times of the three cells on a live session of ``n`` ranks."""
-    run_cell(k, f"%distributed_start -n {n}", timeout=300)
+def measure(k, n: int, cells: int, *, flags: str = "", kinds: dict | None = None) -> dict[str, list[float]]:
+    """Interleaved wall times of the cells (``kinds``, by default the three above) on a live session of ``n``
+    ranks started with ``flags``."""
+    kinds = kinds or KINDS
+    run_cell(k, f"%distributed_start -n {n} {flags}".strip(), timeout=300)
     try:
         run_cell(k, ALL_REDUCE, timeout=120)  # the ranks' imports, once
         for _ in range(3):  # warm-up
-            for code in KINDS.values():
+            for code in kinds.values():
                 _timed(k, code)
-        got = {name: [] for name in KINDS}
+        got = {name: [] for name in kinds}
         for i in range(cells):
-            for name in list(KINDS) if i % 2 == 0 else list(reversed(KINDS)):
-                got[name].append(_timed(k, KINDS[name]))
+            for name in list(kinds) if i % 2 == 0 else list(reversed(kinds)):
+                got[name].append(_timed(k, kinds[name]))
         return got
     finally:
         run_cell(k, "%distributed_stop", timeout=120)
 
 
 def rows(sizes, results: dict[int, dict], loads: dict[int, str], who: str = "") -> list[str]:
+    """Markdown rows: ranks, cell, median, ratio to the plain cell, the target's verdict, the load."""
     out = []
     for n in sizes:
         got = results[n]
@@ -71,14 +74,15 @@ def rows(sizes, results: dict[int, dict], loads: dict[int, str], who: str = "") 
     return out
 
 
-def run_all(source: str, sizes, cells: int) -> tuple[dict, dict]:
-    k = start_kernel(pythonpath=source)
+def run_all(source: str, sizes, cells: int, *, env: dict | None = None, flags: str = "", kinds=None) -> tuple:
+    """Each size in a kernel running ``source``'s nblaunch (``env``: more of its environment); (times, loads)."""
+    k = start_kernel(pythonpath=source, env=env)
     results, loads = {}, {}
     try:
         run_cell(k, "%load_ext kernelside", timeout=120)
         for n in sizes:
             note(f"{source}: {n} live ranks, {cells} cells of each kind")
-            results[n] = measure(k, n, cells)
+            results[n] = measure(k, n, cells, flags=flags, kinds=kinds)
             loads[n] = _load()
             plain = statistics.median(results[n]["plain `x = 1`"])
             note(
