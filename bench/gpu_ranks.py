@@ -92,11 +92,11 @@ def results_part(runs: int) -> list[str]:
 
 def live_part(cells: int) -> list[str]:
     kinds = {**live_ranks.KINDS, "live `all_reduce` of a CUDA tensor": CUDA_ALL_REDUCE}
-    results, loads = live_ranks.run_all(REPO, SIZES, cells, flags="--backend gloo", kinds=kinds)
+    results, loads = live_ranks.run_all({"now": REPO}, SIZES, cells, flags="--backend gloo", kinds=kinds)
     return [
         "| ranks | cell | median (ms) | vs plain cell | target | load average after |",
         "|---|---|---|---|---|---|",
-        *live_ranks.rows(SIZES, results, loads),
+        *live_ranks.rows(SIZES, results["now"], loads),
     ]
 
 

@@ -2,7 +2,7 @@
 
     python -m bench.live_ranks                  # 40 cells of each kind per size
     python -m bench.live_ranks --quick          # 2 and 8 ranks, 10 cells
-    python -m bench.live_ranks --before ../main # the same in a kernel running another checkout, after this one
+    python -m bench.live_ranks --before ../main # also another checkout, in a kernel of its own, interleaved
 
 For each size N a live session of N ranks (fork, gloo) is started in the kernel, and three cells are run
 interleaved, the order turning round each time so that drift hits them alike: a plain kernel cell
@@ -40,23 +40,28 @@ def _timed(k, code: str) -> float:
     return time.perf_counter() - t0
 
 
-def measure(k, n: int, cells: int, *, flags: str = "", kinds: dict | None = None) -> dict[str, list[float]]:
-    """Interleaved wall times of the cells (``kinds``, by default the three above) on a live session of ``n``
-    ranks started with ``flags``."""
+def measure(kernels: dict, n: int, cells: int, *, flags: str = "", kinds: dict | None = None) -> dict:
+    """Interleaved wall times of the cells (``kinds``, by default the three above) on a live session of ``n`` ranks
+    started with ``flags`` in each kernel (``{label: kernel}``): cell by cell, kernel by kernel, the order turning
+    round each time, so that the machine's load hits every cell and every checkout alike. ``{label: {cell: [s]}}``."""
     kinds = kinds or KINDS
-    run_cell(k, f"%distributed_start -n {n} {flags}".strip(), timeout=300)
+    for k in kernels.values():
+        run_cell(k, f"%distributed_start -n {n} {flags}".strip(), timeout=300)
     try:
-        run_cell(k, ALL_REDUCE, timeout=120)  # the ranks' imports, once
-        for _ in range(3):  # warm-up
-            for code in kinds.values():
-                _timed(k, code)
-        got = {name: [] for name in kinds}
+        for k in kernels.values():
+            run_cell(k, ALL_REDUCE, timeout=120)  # the ranks' imports, once
+            for _ in range(3):  # warm-up
+                for code in kinds.values():
+                    _timed(k, code)
+        got = {label: {name: [] for name in kinds} for label in kernels}
+        order = [(label, name) for name in kinds for label in kernels]
         for i in range(cells):
-            for name in list(kinds) if i % 2 == 0 else list(reversed(kinds)):
-                got[name].append(_timed(k, kinds[name]))
+            for label, name in order if i % 2 == 0 else reversed(order):
+                got[label][name].append(_timed(kernels[label], kinds[name]))
         return got
     finally:
-        run_cell(k, "%distributed_stop", timeout=120)
+        for k in kernels.values():
+            run_cell(k, "%distributed_stop", timeout=120)
 
 
 def rows(sizes, results: dict[int, dict], loads: dict[int, str], who: str = "") -> list[str]:
@@ -74,33 +79,36 @@ def rows(sizes, results: dict[int, dict], loads: dict[int, str], who: str = "") 
     return out
 
 
-def run_all(source: str, sizes, cells: int, *, env: dict | None = None, flags: str = "", kinds=None) -> tuple:
-    """Each size in a kernel running ``source``'s nblaunch (``env``: more of its environment); (times, loads)."""
-    k = start_kernel(pythonpath=source, env=env)
-    results, loads = {}, {}
+def run_all(sources: dict, sizes, cells: int, *, env: dict | None = None, flags: str = "", kinds=None) -> tuple:
+    """Each size in one kernel per checkout (``{label: path}``; ``env``: more of their environment), interleaved;
+    ``({label: {size: {cell: [s]}}}, {size: load average after it})``."""
+    kernels = {label: start_kernel(pythonpath=path, env=env) for label, path in sources.items()}
+    results: dict = {label: {} for label in sources}
+    loads = {}
     try:
-        run_cell(k, "%load_ext kernelside", timeout=120)
+        for k in kernels.values():
+            run_cell(k, "%load_ext kernelside", timeout=120)
         for n in sizes:
-            note(f"{source}: {n} live ranks, {cells} cells of each kind")
-            results[n] = measure(k, n, cells, flags=flags, kinds=kinds)
+            note(f"{n} live ranks, {cells} cells of each kind in each of {', '.join(sources)}")
+            got = measure(kernels, n, cells, flags=flags, kinds=kinds)
             loads[n] = _load()
-            plain = statistics.median(results[n]["plain `x = 1`"])
-            note(
-                f"  {n} ranks: "
-                + ", ".join(
-                    f"{m} {statistics.median(v) * 1e3:.1f} ms ({statistics.median(v) / plain:.2f}x)"
-                    for m, v in results[n].items()
+            for label, times in got.items():
+                results[label][n] = times
+                plain = statistics.median(times["plain `x = 1`"])
+                note(
+                    f"  {label}, {n} ranks: "
+                    + ", ".join(f"{m} {statistics.median(v) * 1e3:.1f} ms" for m, v in times.items())
+                    + f" (live x = 1: {statistics.median(times['live `x = 1`']) / plain:.2f}x); load {loads[n]}"
                 )
-                + f"; load {loads[n]}"
-            )
     finally:
-        k.shutdown()
+        for k in kernels.values():
+            k.shutdown()
         deadline = time.monotonic() + 5.0  # the ranks see their kernel gone (parent-death signal) and end
         while descendants() and time.monotonic() < deadline:
             time.sleep(0.05)
         left = stop_tree()
         if left:
-            note(f"stopped {len(left)} process(es) left after the kernel: {left}")
+            note(f"stopped {len(left)} process(es) left after the kernels: {left}")
     return results, loads
 
 
@@ -109,22 +117,22 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--cells", type=int, help="cells of each kind per size (default 40, --quick 10)")
     ap.add_argument("--sizes", default=None, help="comma-separated numbers of live ranks (default 2,4,8)")
-    ap.add_argument("--before", metavar="PATH", help="another checkout, measured the same way after this one")
+    ap.add_argument("--before", metavar="PATH", help="another checkout, in a kernel of its own, cell by cell")
     a = ap.parse_args()
     adopt_orphans()
     sizes = [int(s) for s in a.sizes.split(",")] if a.sizes else ([2, 8] if a.quick else [2, 4, 8])
     cells = a.cells or (10 if a.quick else 40)
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     load_before = _load()
-    results, loads = run_all(here, sizes, cells)
+    sources = {"now": here, **({"before": os.path.abspath(a.before)} if a.before else {})}
+    results, loads = run_all(sources, sizes, cells)
     table = [
         "| ranks | cell | median (ms) | vs plain cell | target | load average after |",
         "|---|---|---|---|---|---|",
-        *rows(sizes, results, loads),
+        *rows(sizes, results["now"], loads),
     ]
     if a.before:
-        before, before_loads = run_all(os.path.abspath(a.before), sizes, cells)
-        table += rows(sizes, before, before_loads, who="before, ")
+        table += rows(sizes, results["before"], loads, who="before, ")
     flags = (f" --sizes {a.sizes}" if a.sizes else "") + (f" --cells {a.cells}" if a.cells else "")
     flags += f" --before {a.before}" if a.before else ""
     text = "\n".join(
