@@ -77,8 +77,9 @@ class EventLoop:
         pressed = interrupts.wake_fd()  # ■ wakes the loop at once; the runner acts on it after this poll
         if pressed is not None:
             self.sel.register(pressed, selectors.EVENT_READ, (None, "interrupt"))
-        if recorder.tracker is not None:  # the launch panel's Stop, served from this loop
-            recorder.tracker.attach(self.sel, recorder.stop_requested, self.stack_targets)
+        control = recorder.observers.control
+        if control is not None:  # the Runs view's Stop and stacks, served from this loop
+            control.attach(self.sel, recorder.stop_requested, self.stack_targets)
         self.finished = False
 
     def stack_targets(self) -> list[tuple[int, int, str | None]]:
@@ -108,7 +109,7 @@ class EventLoop:
             for w in alive:
                 if w.status is None and self.group.poll(w) is not None:
                     self._on_exit(w)
-        self.bridge.tick()  # (the recorder's tick is the runner's, once per turn of its loop)
+        self.bridge.tick()  # (the observers are ticked by the runner, once per turn of its loop)
         return False
 
     def finish(self) -> None:

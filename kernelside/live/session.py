@@ -69,15 +69,7 @@ class LiveSession:
     @interrupts.deferring(interrupts.SESSION_NOT_STARTED)
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
-        running = registry.current()
-        if running is not None and not running.world.up:
-            registry.set_current(None)  # stopped from the launch panel between cells
-            running = None
-        if running is not None:
-            raise LaunchError(
-                "nblaunch: a live session is already running in this kernel "
-                f"({running.describe()}). Stop it first (%distributed_stop), or restart it (%distributed_restart)."
-            )
+        registry.refuse_a_second()
         session = cls(arguments, config, out or sys.stdout, err or sys.stderr)
         try:
             for notice in session.plan.notices:
@@ -88,7 +80,7 @@ class LiveSession:
                 session._execute(engine, LaunchRequest(fn=None), session.plan)
                 session.world.ready()
             # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
-            session.start_display = engine.recorder.display if engine.recorder is not None else None
+            session.start_display = engine.recorder.observers.display if engine.recorder is not None else None
         except KeyboardInterrupt as e:
             session._close(RunState.FAILED, e)
             raise CellInterrupted(interrupts.SESSION_NOT_STARTED) from None
@@ -223,7 +215,7 @@ class LiveSession:
         engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=request.label(req_id))
         del blob
         try:
-            return self._run(engine, LaunchRequest(fn=request.fn, return_all=True, on_event=engine.on_event), plan)
+            return self._run(engine, LaunchRequest(fn=request.fn, return_all=True), plan)
         except WorkerError as e:
             if e.rank is not None and not engine.verdict.restarts:  # its rank still holds the failed frames
                 e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
@@ -284,7 +276,7 @@ class LiveSession:
         )
         engine.render = "text"  # a pdb conversation with one rank: its lines in the cell, no status line or rank tabs
         with keeping_last_report():  # %distributed_last stays the failed cell's report
-            self._run(engine, LaunchRequest(fn=None, on_event=engine.on_event), plan)
+            self._run(engine, LaunchRequest(fn=None), plan)
 
     # -- what it is ------------------------------------------------------------------------
     @property

@@ -23,6 +23,7 @@ import linecache
 import types
 
 from ..errors import LaunchConfigError
+from ..rank_place import cell_file
 from ..worker.cell_values import CellValues
 from ..worker.context import current as current_worker
 from ..worker.results import unwrap_for_return
@@ -87,7 +88,7 @@ def _cell_error(message: str) -> LaunchConfigError:
 
 def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_names=()) -> CellProgram:
     """Check and compile the cell in the kernel; raise LaunchConfigError for what cannot run."""
-    filename = f"<%%distributed cell {cell_label}>"
+    filename = cell_file(cell_label)
     source = "\n" * line_offset + body
     try:
         tree = ast.parse(source, filename)
