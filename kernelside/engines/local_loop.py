@@ -70,6 +70,7 @@ class EventLoop:
         self.until = until
         self.lent = mux is not None
         self.mux = mux if mux is not None else RankMux(group)
+        self.mux.end_run()  # (what a run that never got to finish() left registered: this run registers its own)
         self.polling, self.sel, self.readers = self.mux.polling, self.mux.sel, self.mux.readers
         # rank 0's display() and the ranks' input() reach the notebook
         self.bridge = NotebookBridge(recorder)
