@@ -102,6 +102,9 @@ class Engine(abc.ABC):
     render = "text"
     #: True: the run's widgets appear only once there is something to show (a live cell: quick cells draw none)
     defer_display = False
+    #: True: every rank's log file exists already (a live session's request: its start made them), so the
+    #: output router does not make them again for this run
+    rank_logs_made = False
 
     def prepare(self) -> int | None:
         """Before the report exists: what ranks need from the kernel first; returns the rendezvous port."""

@@ -158,7 +158,14 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.log_tails is None else None
     if engine.log_tails is None:
         router = RankOutputRouter(
-            plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
+            plan.num_processes,
+            plan.output,
+            log_dir,
+            out,
+            err,
+            prefix_template=req.line_prefix,
+            tabs=tabs,
+            make_logs=not engine.rank_logs_made,
         )
     observers = _observers(report, router, display, sampler_for(plan.gpu_ids), tracker, req.on_event)
     engine.observe(observers)  # what the engine itself watches (a live request: where its ranks are)

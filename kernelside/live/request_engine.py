@@ -82,6 +82,11 @@ class LiveRunEngine(Engine):
         self.given_up = False  # ■ again while ranks were still coming back: the user wants no more waiting
 
     @property
+    def rank_logs_made(self) -> bool:
+        """A request's ranks have their log files: the start's own run made them."""
+        return self.req_id != 0
+
+    @property
     def stop_grace_s(self) -> float | None:
         """No limit for a request's ranks, which hold the session's state; the start's own run has none to keep."""
         return None if self.req_id else SETTLE_S
@@ -133,7 +138,7 @@ class LiveRunEngine(Engine):
                 self.session.world.group,
                 recorder,
                 until=lambda: self._over(recorder),
-                readers=self.session.world.readers,
+                mux=self.session.world.mux,
             )
         return self.loop.poll(wait_s)
 

@@ -131,7 +131,8 @@ class LiveSession:
         self.runs.restarted()
 
     def _new_names(self, namespace: dict) -> None:
-        self.names = NameSender.for_new_ranks(namespace if self.plan.start_method == "fork" else None)
+        inherited = namespace if self.plan.start_method == "fork" else None
+        self.names = NameSender.for_new_ranks(inherited, folder=self.world.engine.segments)
 
     def _start_engine(self) -> LiveRunEngine:
         engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
@@ -201,9 +202,15 @@ class LiveSession:
             self._act(Verdict(WorldFate.RESTART, reason), what="the live session was restarted, but its new ranks")
 
     def _request(self, request: LiveRequest):
-        ranks = request.chosen_ranks(self.plan.num_processes)
-        req_id = next(self.ids)
-        blob = request.message(req_id, self.plan.progress)
+        try:
+            ranks = request.chosen_ranks(self.plan.num_processes)
+            req_id = next(self.ids)
+            blob = request.message(req_id, self.plan.progress)
+        except BaseException:
+            self.names.drop_segments()  # nothing went
+            raise
+        for note in self.names.take_notes():
+            self.err.write(note + "\n")
         plan = request.plan_for(self.plan, ranks)
         engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=request.label(req_id))
         del blob
@@ -214,6 +221,7 @@ class LiveSession:
                 e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
             raise
         finally:
+            self.names.drop_segments()  # every rank is back to idle (or gone): what they mapped stays theirs
             if engine.blob is None and not engine.verdict.restarts:  # the ranks have the values now
                 self.names.sent(request.values, request.assigned)
 

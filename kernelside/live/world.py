@@ -33,6 +33,7 @@ import cloudpickle
 from ..channel import EventReader, frame, write_frame
 from ..config import resolve_config
 from ..engines.local import LocalEngine
+from ..engines.local_loop import RankMux
 from ..errors import LaunchConfigError
 from ..launch.recorder import live_rank_state
 from ..launch.request import LaunchRequest
@@ -106,7 +107,7 @@ class World:
         self.plan, self.log_dir, self.out, self.err, self.render = plan, log_dir, out, err, render
         self.namespace = namespace
         self.engine: LocalEngine | None = None
-        self.readers: list[EventReader] = []
+        self.mux: RankMux | None = None  # the ranks' selector and ordered readers, one for every request
         self.cells_run: list[int] = []
         self.state = WorldState.STARTING
         self.broken_because: str | None = None
@@ -141,7 +142,7 @@ class World:
         engine.prepare()
         self.engine = engine
         engine.start_ranks()
-        self.readers = [EventReader() for _ in engine.group.workers]
+        self.mux = RankMux(engine.group, [EventReader() for _ in engine.group.workers])
         self.cells_run = [0] * len(engine.group.workers)
         self.state, self.broken_because = WorldState.STARTING, None
         return ns
@@ -156,6 +157,8 @@ class World:
         """Every rank ends (SIGTERM, SIGKILL after ``grace``); nothing is left. Safe to call twice."""
         if self.engine is not None and self.state is not WorldState.CLOSED:
             self.engine.close(grace, None)  # (the engine stays: its ended ranks are still listed in the final state)
+        if self.mux is not None:
+            self.mux.close()
         self.state = WorldState.CLOSED
 
     # -- the verbs of a request's life ---------------------------------------------------------
