@@ -1,7 +1,8 @@
 """From a wheel, as a user installs it: the README's install lines build the wheel from a copy of this tree
 (``npm ci``: the Node packages package-lock.json names), install it with torch 2.13.0 into a new venv, and the
 README's check lines pass there; ``jupyter lab`` from that venv shows the panel in Chromium, with no version
-note, and a 2-rank ``%%distributed`` cell runs in a kernel of that venv. Slow (about three minutes: the wheel's
+note, and a 2-rank ``%%distributed`` cell runs in a kernel of that venv; the install guide's uninstall line
+takes all of it away again. Slow (about three minutes: the wheel's
 npm ci and webpack build, pip installing torch and JupyterLab from the local wheels), so it is marked ``slow``;
 ``make test`` runs it. Screenshot: test-artifacts/wheel-lab.png."""
 
@@ -30,19 +31,19 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 expect.set_options(timeout=60_000)
 
 
-def _readme_block(containing: str) -> list[str]:
-    """The command lines (comments kept) of the README's bash block that contains ``containing``."""
-    blocks = BASH_BLOCK.findall((REPO / "README.md").read_text(encoding="utf-8"))
+def _readme_block(containing: str, page: str = "README.md") -> list[str]:
+    """The command lines (comments kept) of the page's bash block that contains ``containing``."""
+    blocks = BASH_BLOCK.findall((REPO / page).read_text(encoding="utf-8"))
     block = next(b for b in blocks if containing in b)
     return [line for line in block.splitlines() if line.strip()]
 
 
-def _run(line: str, cwd: Path, venv: Path, timeout: float = 600) -> str:
+def _run(line: str, cwd: Path, venv: Path, timeout: float = 600, answer: str | None = None) -> str:
     """One README line run by bash as written, with ``venv``'s bin first on PATH (as after activating it)."""
     env = dict(os.environ, PATH=f"{venv / 'bin'}:{os.environ['PATH']}", VIRTUAL_ENV=str(venv))
     env.pop("PYTHONPATH", None)
     proc = subprocess.run(
-        ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        ["bash", "-c", line], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, input=answer
     )  # fmt: skip
     out = ANSI.sub("", proc.stdout + proc.stderr)
     assert proc.returncode == 0, f"{line!r} failed ({proc.returncode}):\n{out[-4000:]}"
@@ -125,3 +126,13 @@ def test_jupyter_lab_from_the_wheel_venv_shows_the_panel_and_runs_a_two_rank_cel
             expect(page.locator(".jp-OutputArea-output a.nblaunch-run-link")).to_have_count(1)
         finally:
             snapshot(page, "wheel-lab.png")
+
+
+def test_the_install_guide_uninstall_line_takes_the_package_labextension_and_server_extension_away(wheel_venv):
+    """Last in this module: the venv has no nblaunch afterwards."""
+    (line,) = _readme_block("pip uninstall", page="docs/guide/install.md")
+    _run(line, wheel_venv, wheel_venv, answer="y\n")  # pip asks "Proceed (Y/n)?"
+    assert "nblaunch" not in _run("jupyter labextension list", wheel_venv, wheel_venv)
+    assert "jupyter_ext" not in _run("jupyter server extension list", wheel_venv, wheel_venv)
+    assert not (wheel_venv / "etc" / "jupyter" / "jupyter_server_config.d" / "nblaunch.json").exists()
+    assert not (wheel_venv / "share" / "jupyter" / "labextensions" / "nblaunch").exists()
