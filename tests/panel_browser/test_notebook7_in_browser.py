@@ -1,10 +1,10 @@
 """nblaunch in a real Notebook 7 (the same Jupyter server as JupyterLab) and Debian's Chromium: the panel
-opens under View › Left Sidebar, a 2-rank cell runs, and every entry point of a run works there: the palette's
-"Open run dashboard…", the run's name in the cell's status line (the dashboard opens in the right side panel:
-Notebook 7 keeps one document per page), the dashboard's Cell [2] (shows the cell), the status line's and the
-dashboard's rank log links (the log opens in the right side panel). The page shows no uncaught error of
-nblaunch's: the one Notebook 7 raises at load ("reading 'schema'") it raises with nblaunch disabled too.
-Screenshots go to test-artifacts/notebook7-*.png."""
+opens under View › Left Sidebar and from the palette, a 2-rank cell runs, and every entry point of a run
+works there: the palette's "Open run dashboard…", the run's name in the cell's status line (the dashboard
+opens in the right side panel: Notebook 7 keeps one document per page), the dashboard's Cell [2] (shows the
+cell), the status line's and the dashboard's rank log links (the log opens in the right side panel). The
+page shows no uncaught error of nblaunch's: the one Notebook 7 raises at load ("reading 'schema'") it
+raises with nblaunch disabled too. Screenshots go to test-artifacts/notebook7-*.png."""
 
 from __future__ import annotations
 
@@ -46,6 +46,13 @@ def test_notebook7_runs_a_cell_and_each_entry_point_opens_its_dashboard_cell_or_
         expect(panel.locator(".nblaunch-path")).to_contain_text("Config file")
         expect(panel.locator(".nblaunch-version-mismatch")).to_be_hidden()  # same nblaunch on both sides
         snapshot(page, "notebook7-panel.png")
+        page.get_by_role("button", name="Collapse left side panel").click()
+        expect(panel).to_be_hidden()
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+        page.keyboard.press("Control+Shift+C")  # the palette's "Open Distributed launch panel" shows it again
+        page.locator(".lm-CommandPalette-input").fill("Open Distributed launch panel")
+        page.locator(".lm-CommandPalette-item", has_text="Open Distributed launch panel").first.click()
+        expect(panel).to_be_visible()
 
         page.locator(".jp-NotebookPanel .jp-Cell").first.click()
         page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
