@@ -63,7 +63,7 @@ class RayWorld(WorldBase):
         import ray
 
         cfg = self.plan.ray
-        connect(cfg["address"], max(os.cpu_count() or 1, self.plan.num_processes))
+        connect(cfg["address"], max(os.cpu_count() or 1, self.plan.num_processes), quiet=True)
         self.node_id = ray.get_runtime_context().get_node_id()
         self.group, self.state, self.broken_because = None, WorldState.STARTING, None
         try:

@@ -8,7 +8,8 @@ per channel (``CHANNELS``, each introduced by ``hello``), moves fds 1 and 2 onto
 connections (C-level output included; Ray's own log files, and with them its forwarding to the driver and
 its deduplication, get nothing from this process), and runs ``serve_requests`` on the events, requests and
 replies connections. A Ray actor task cannot be interrupted while it runs (``ray.cancel`` only sets a flag),
-so ■ comes on the ``control`` connection: a byte that this process turns into its own SIGINT. The end of the
+so ■ comes on the ``control`` connection: a byte that this process turns into SIGINT to its main thread (where
+Ray's worker blocks SIGINT, ``serve()`` unblocks it). The end of the
 ``control`` connection is the kernel's end: the rank ends with it, whatever it was doing.
 
 Example (the kernel side, see ``live.ray_world``)::
@@ -58,8 +59,8 @@ def _watch_control(fd: int) -> None:
         if not data:
             process_tree.end_descendants()
             os._exit(1)
-        if INTERRUPT in data:
-            os.kill(os.getpid(), signal.SIGINT)
+        if INTERRUPT in data:  # to the main thread itself: a C-level wait there (sleep, a socket) returns EINTR
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
 
 class LiveRankActor:
@@ -92,6 +93,7 @@ class LiveRankActor:
         os.dup2(fds.pop("stdout"), 1)
         os.dup2(fds.pop("stderr"), 2)
         fresh_std_streams()
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])  # Ray's workers block it; the rank needs ■
         watch = threading.Thread(target=_watch_control, args=(fds["control"],), name="nblaunch-control", daemon=True)
         watch.start()
         # the namespace starts as a cell's exec() would leave it: with builtins (a function rebuilt on globals without
