@@ -94,3 +94,14 @@ def test_stop_and_the_kernels_end_leave_no_actor_placement_group_or_process(show
     assert shown["stop_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
     assert shown["restart"]["error"] is None and len(shown["second_pids"]) == 2
     assert shown["kernel_end_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+
+
+def test_a_killed_rank_process_is_named_and_the_world_restarts_in_new_actors(shown):
+    ename, evalue = shown["killed"]["error"]
+    assert ename == "WorkerError"
+    assert "rank 2 failed: its Ray actor's process ended" in evalue
+    assert "the live session was restarted: its state is gone (new processes, same flags)" in evalue
+    assert shown["killed"]["s"] < 90
+    assert shown["after_kill"]["error"] is None  # the new world's ranks run the next cell
+    new = shown["pids_after_kill"]
+    assert len(new) == 4 and not set(new) & {r["pid"] for r in shown["ranks"]}
