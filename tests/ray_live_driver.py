@@ -170,7 +170,11 @@ def main() -> None:
                 os.kill(pids[2], 9)
 
         out["killed"] = timed(k, BARRIER_CELL.replace("rank == 3", "rank == 2"), on_output=kill_rank2)
-        out["after_kill"] = timed(k, CHECKSUM_CELL.replace("model.parameters()", "[torch.ones(2) * rank]"))
+        imports = "import torch, torch.distributed as dist\n"
+        fresh = "%%distributed --return total\n" + imports + PUSHED_CELL.split("\n", 1)[1]
+        out["after_kill"] = timed(k, "scale = 1\n%distributed_push scale")  # the new ranks start empty
+        out["after_kill"]["cell"] = shown(k.run(fresh))
+        out["after_kill"]["total"] = shown(k.run("print(total)"))["stdout"]
         out["pids_after_kill"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
         pids = pids + out["pids_after_kill"]
         out["stop"] = timed(k, "%distributed_stop")

@@ -102,6 +102,7 @@ def test_a_killed_rank_process_is_named_and_the_world_restarts_in_new_actors(sho
     assert "rank 2 failed: its Ray actor's process ended" in evalue
     assert "the live session was restarted: its state is gone (new processes, same flags)" in evalue
     assert shown["killed"]["s"] < 90
-    assert shown["after_kill"]["error"] is None  # the new world's ranks run the next cell
+    assert shown["after_kill"]["error"] is None and shown["after_kill"]["cell"]["error"] is None
+    assert shown["after_kill"]["total"] == "4.0\n"  # the new world's 4 ranks run the next cell together
     new = shown["pids_after_kill"]
     assert len(new) == 4 and not set(new) & {r["pid"] for r in shown["ranks"]}
