@@ -135,6 +135,7 @@ def main() -> None:
         out["unfit_left"] = left_in_ray([])
         out["start"] = timed(k, "%distributed_start -n 4 --engine ray")
         out["ranks"] = json.loads(k.run(STATUS).ok().stdout)
+        out["status"] = shown(k.run("%distributed_status"))
         pids = [r["pid"] for r in out["ranks"]]
         out["model"] = timed(k, MODEL_CELL)
         out["checksum"] = timed(k, CHECKSUM_CELL + "\n")

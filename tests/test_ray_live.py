@@ -37,6 +37,9 @@ def test_four_live_ranks_over_two_ray_nodes_ordered_by_node_with_local_ranks_per
     assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]  # counted per Ray node id (both nodes share an IP)
     assert len({r["pid"] for r in ranks}) == 4  # one actor process per rank
     assert shown["start"]["error"] is None and "4 ranks on 2 Ray node(s)" in shown["start"]["stdout"]
+    status = shown["status"]["stdout"]
+    for r in ranks:  # %distributed_status names each rank's node
+        assert f"rank {r['rank']}: pid {r['pid']} on node {r['node']} (local rank {r['local_rank']}), idle" in status
 
 
 def test_rank0_output_streams_into_the_cell_in_order_and_no_ray_log_line_reaches_it(shown):
