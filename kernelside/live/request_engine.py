@@ -33,7 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import time
@@ -99,7 +98,7 @@ class LiveRunEngine(Engine):
         workers = self.session.world.group.workers
         recorder.add_ranks(((w.rank, w.pid) for w in workers if w.rank in self.ranks), request=self.req_id)
         recorder.report.session = self.label
-        recorder.segments = self.session.world.engine.segments  # the world's: big return values in shared memory
+        recorder.segments = self.session.world.segments  # the world's: big return values in shared memory (or None)
         self.recorder = recorder
         if self.blob is not None:
             self.session.world.send(self.ranks, self.blob)
@@ -214,11 +213,7 @@ class LiveRunEngine(Engine):
 
     def _interrupt(self) -> None:
         self.signalled_at = time.monotonic()
-        for w in self._running():
-            try:
-                os.killpg(w.pid, signal.SIGINT)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self.session.world.interrupt(self._running())
 
     def _back(self, rank: int) -> bool:
         return self.recorder is not None and self.recorder.rank_state(rank) is RankState.IDLE

@@ -246,7 +246,7 @@ class LiveRunEntry(RunTracker):
         return out
 
     def _ranks(self, state: RunState) -> list[dict]:
-        world = self.session.world if self.session.world.engine is not None else None
+        world = self.session.world if self.session.world.started else None
         rec = getattr(self.engine, "recorder", None)
         in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []
