@@ -142,7 +142,7 @@ class LiveSession:
 
     def _new_names(self, namespace: dict) -> None:
         inherited = namespace if self.plan.start_method == "fork" else None
-        self.names = NameSender.for_new_ranks(inherited, folder=self.world.engine.segments)
+        self.names = NameSender.for_new_ranks(inherited, folder=self.world.segments)
 
     def _start_engine(self) -> LiveRunEngine:
         engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
