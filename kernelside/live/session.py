@@ -42,20 +42,11 @@ from .names import NameSender
 from .request import LiveRequest, one_request_at_a_time
 from .request_engine import RESTARTED, LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
-from .world import Verdict, World, WorldBase, WorldFate, WorldState, world_plan
+from .world import Verdict, WorldFate, WorldState, world_plan
+from .worlds import make_world
 
 current = registry.current  # this kernel's live session, or None
 STOPPED = "nblaunch: this live session was stopped; start a new one with %distributed_start."
-
-
-def make_world(plan, log_dir: str, out, err, *, render: str, namespace) -> WorldBase:
-    """The world of this plan: the ranks as this machine's processes, or as actors on a Ray cluster
-    (``live.ray_world``, imported only then: Ray is an optional extra)."""
-    if plan.engine == "ray":
-        from .ray_world import RayWorld
-
-        return RayWorld(plan, log_dir, out, err, render=render)
-    return World(plan, log_dir, out, err, render=render, namespace=namespace)
 
 
 class LiveSession:
