@@ -4,7 +4,10 @@ ended (the error box says the rest), and a live session's start cell that says w
 
 from __future__ import annotations
 
+import json
 import re
+import time
+from pathlib import Path
 
 import pytest
 
@@ -49,6 +52,11 @@ def test_a_run_is_named_shortly_and_linked_to_its_dashboard_with_the_log_folder_
     run_id, title, name = link.groups()
     assert run_id in title and "/" in title  # the log folder, on hover
     assert re.fullmatch(r"run \d\d:\d\d:\d\d", name)
+    # one name from one clock: the state file's start, which the sidebar and the dashboard tab name the run by
+    started = json.loads((Path(title.split("Logs: ", 1)[1]) / "state.json").read_text())["started"]
+    assert name == "run " + time.strftime("%H:%M:%S", time.localtime(started)), (name, started)
+    reported = kernel.run("import kernelside; print(repr(kernelside.last_report().started_at))").ok().stdout
+    assert float(reported) == started  # the very same instant, not a second apart at a tick
     visible = _visible(status)
     assert "/tmp" not in visible and run_id not in visible
     # sub-second as such ("0.14 s", not "00:00 elapsed"); a loaded machine may take a second or more: "1.2 s"

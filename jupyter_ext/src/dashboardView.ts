@@ -10,7 +10,7 @@
  * the pointer is never replaced between press and release.
  */
 
-import { MainAreaWidget } from '@jupyterlab/apputils';
+import { Dialog, MainAreaWidget, showDialog } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -52,7 +52,7 @@ class DashboardContent extends Widget {
   ) {
     super();
     this.addClass('nblaunch-dashboard');
-    this._stop = button('Stop', () => void this._runs.stop(runId), {
+    this._stop = button('Stop', () => void this._askAndStop(), {
       class: 'jp-mod-warn nblaunch-dash-stop',
       title: 'Stop this run: every rank is stopped, and the cell that runs it raises an error'
     });
@@ -117,6 +117,7 @@ class DashboardContent extends Widget {
     const summary = this._runs.run(this.runId);
     const model = makeDashboardModel(summary ? { ...detail, ...summary } : detail);
     this._charts.update(makeDashboardCharts(detail));
+    this._model = model;
     this.onModel?.(model);
     this.node.dataset.state = model.state;
     setText(this._name, model.name);
@@ -135,6 +136,22 @@ class DashboardContent extends Widget {
     setText(this._stacksText, stacks ?? '');
     this._drawFacts(model);
     this._drawRanks(model);
+  }
+
+  /** Stop asks once, saying what it will do (it stops every rank); Cancel leaves the run alone. */
+  private async _askAndStop(): Promise<void> {
+    const question = this._model?.stopQuestion;
+    if (!question) {
+      return;
+    }
+    const answer = await showDialog({
+      title: question.title,
+      body: question.body,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
+    });
+    if (answer.button.accept) {
+      await this._runs.stop(this.runId, 'dashboard');
+    }
   }
 
   /** Called with every model drawn (the tab's title follows the run's name). */
@@ -176,7 +193,21 @@ class DashboardContent extends Widget {
       this._rows.clear();
       this._body.replaceChildren();
       this._table.replaceChildren(
-        h('thead', {}, h('tr', {}, ...heads.map(name => h('th', { scope: 'col' }, name)))),
+        h(
+          'thead',
+          {},
+          h(
+            'tr',
+            {},
+            ...heads.map(name =>
+              h(
+                'th',
+                { scope: 'col', class: name === 'pid' ? 'nblaunch-dash-pid' : undefined },
+                name
+              )
+            )
+          )
+        ),
         this._body
       );
     }
@@ -212,6 +243,7 @@ class DashboardContent extends Widget {
   private _stacks: HTMLElement;
   private _stacksText = h('pre', { class: 'nblaunch-stacks-text' });
   private _factsKey = '';
+  private _model: IDashboardModel | null = null;
   private _headKey = '';
   private _rows = new Map<number, RankRow>();
   private _unsubscribe: () => void;
@@ -222,7 +254,9 @@ class RankRow {
   readonly node: HTMLTableRowElement;
 
   constructor(charts: number, gpu: boolean, openLog: () => void) {
-    this._texts = Array.from({ length: gpu ? 4 : 3 }, () => h('td'));
+    this._texts = Array.from({ length: gpu ? 4 : 3 }, (_, i) =>
+      h('td', { class: i === 1 ? 'nblaunch-dash-pid' : undefined })
+    );
     this._charts = Array.from({ length: charts }, () => new Spark());
     const log = button('Log', openLog, {
       class: 'nblaunch-rank-logs',

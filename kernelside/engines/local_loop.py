@@ -20,6 +20,7 @@ import selectors
 
 from .. import interrupts
 from ..channel import EventReader
+from ..run_contract import stopped_message
 from .local_bridge import EVENT_KINDS, NotebookBridge
 from .rank_reader import RankReader
 
@@ -47,7 +48,9 @@ class EventLoop:
         if pressed is not None:
             self.sel.register(pressed, selectors.EVENT_READ, (None, "interrupt"))
         if recorder.tracker is not None:  # the launch panel's Stop, served from this loop
-            recorder.tracker.attach(self.sel, recorder.stop_requested, self.stack_targets)
+            recorder.tracker.attach(
+                self.sel, lambda place: recorder.stop_requested(stopped_message(place)), self.stack_targets
+            )
         self.finished = False
 
     def stack_targets(self) -> list[tuple[int, int, str | None]]:

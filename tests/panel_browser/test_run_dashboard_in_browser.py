@@ -169,11 +169,26 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         )
         _tab(page, name).click()
 
-        # Stop, in the dashboard
+        # one name for the run, from one clock: the cell's status line, the sidebar and the dashboard tab
+        cell_link = page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first
+        expect(cell_link).to_have_text(name)
+        expect(run.locator(".nblaunch-run-when")).to_contain_text(f"started {name.split()[-1]}")
+        expect(_tab(page, name)).to_have_count(1)
+
+        # Stop, in the dashboard: it asks once, saying it stops every rank; Cancel leaves the run alone
         stop = dash.get_by_role("button", name="Stop", exact=True)
         expect(stop).to_be_visible()
-        t0 = time.monotonic()
         stop.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Stop this run?")
+        expect(dialog).to_contain_text("This stops all 2 ranks of the run")
+        snapshot(page, "dashboard-stop-question.png")
+        dialog.get_by_role("button", name="Cancel").click()
+        expect(dialog).to_have_count(0)
+        expect(dash.locator(".nblaunch-run-state")).to_have_text("running")
+        stop.click()
+        t0 = time.monotonic()
+        page.locator(".jp-Dialog").get_by_role("button", name="Stop every rank").click()
         expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
         assert time.monotonic() - t0 < 5.0  # < 2 s to stop, then the next poll on a loaded machine
         expect(stop).to_be_hidden()
@@ -182,7 +197,9 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         expect(panel.locator(f'.nblaunch-run[data-run-id="{run_id}"][data-state="stopped"]')).to_have_count(1)
         outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
         expect(outputs.filter(has_text="LaunchStoppedError")).to_have_count(1, timeout=30_000)
-        expect(outputs.filter(has_text="stopped from the launch panel")).not_to_have_count(0)
+        # the words after Stop name where it was pressed, in the cell and in the dashboard
+        expect(outputs.filter(has_text="stopped from the run's dashboard (Stop)")).not_to_have_count(0)
+        expect(dash.locator(".nblaunch-dash-outcome")).to_contain_text("stopped from the run's dashboard")
         _tab(page, f"{name} · rank 1").click()
         expect(page.locator(f"#nblaunch-log-{run_id}-1 .nblaunch-log-status")).to_contain_text("has ended")
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
@@ -243,8 +260,11 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     snapshot(page, "dashboard-live-running.png")
 
     stop.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Stop the running cell?")
+    dialog.get_by_role("button", name="Stop the cell").click()
     expect(outputs.filter(has_text="LaunchStoppedError")).to_have_count(1, timeout=30_000)
-    expect(outputs.filter(has_text="the cell was stopped from the launch panel")).not_to_have_count(0)
+    expect(outputs.filter(has_text="the cell was stopped from the run's dashboard")).not_to_have_count(0)
     expect(outputs.filter(has_text="every rank kept its state")).not_to_have_count(0)
     expect(dash.locator(".nblaunch-run-state")).to_have_text("idle", timeout=10_000)
     expect(stop).to_have_text("End session")
@@ -252,9 +272,11 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     snapshot(page, "dashboard-live-idle.png")
 
     stop.click()
+    expect(dialog).to_contain_text("End the live session?")
+    dialog.get_by_role("button", name="End the session").click()
     expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
     expect(stop).to_be_hidden()
     start_cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(1)
     _tab(page, "live.ipynb").click()
-    expect(start_cell).to_contain_text("session stopped from the launch panel; nothing is left running")
+    expect(start_cell).to_contain_text("session stopped from the run's dashboard; nothing is left running")
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

@@ -140,14 +140,17 @@ async def test_log_lines_take_the_time_of_the_first_record_at_or_past_their_end(
 async def test_stop_ends_a_live_run_within_2s_and_its_owner_raises_the_panel_error(jp_fetch, run_base, owner):
     _, before = await fetch(jp_fetch, owner.run_id)
     pids = [(r["pid"], r["pid_start"]) for r in before["ranks"]]
+    code, bad = await fetch(jp_fetch, owner.run_id, "stop", method="POST", body={"from": "terminal"})
+    assert code == 400 and "\"from\" is 'terminal'" in bad["message"] and "'dashboard'" in bad["message"]
     t0 = time.monotonic()
-    code, answer = await fetch(jp_fetch, owner.run_id, "stop", method="POST")
+    code, answer = await fetch(jp_fetch, owner.run_id, "stop", method="POST", body={"from": "dashboard"})
     assert code == 200 and answer["stopping"] is True
     await wait_until_async(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
     assert time.monotonic() - t0 < 2.0
     await wait_until_async(lambda: owner.process.poll() is not None, timeout=10, what="the owner to return")
     assert owner.process.returncode == 3
-    assert "STOPPED: LaunchStoppedError: nblaunch: the run was stopped from the launch panel" in owner.output()
+    # the words after Stop name where it was pressed
+    assert "LaunchStoppedError: nblaunch: the run was stopped from the run's dashboard (Stop)" in owner.output()
     assert not any(is_that_process(pid, start) for pid, start in pids), "a rank outlived Stop"
     code, runs = await fetch(jp_fetch)
     assert runs[0]["state"] == "stopped" and runs[0]["can_stop"] is False
