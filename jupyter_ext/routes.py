@@ -155,8 +155,8 @@ class RunStopHandler(_PanelHandler):
     @tornado.web.authenticated
     @authorized("write", resource=KERNELS)  # stops a kernel's ranks, as interrupting a kernel is a write
     async def post(self, run_id):
-        place = self.json_body().get("from")  # where Stop was pressed: the words after it name it
-        await self.answer(lambda: self.runs.stop(run_id, place), waits=True)  # the kernel has a few seconds to answer
+        # {"from": where Stop was pressed} (the words after it name it); a bad body is answered as a 400, in answer()
+        await self.answer(lambda: self.runs.stop(run_id, self.json_body().get("from")), waits=True)
 
 
 class RunStacksHandler(_PanelHandler):

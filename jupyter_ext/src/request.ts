@@ -62,7 +62,7 @@ export const serverRunsBackend: IRunsBackend = {
   stop: (id, place) =>
     requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, {
       method: 'POST',
-      body: JSON.stringify({ from: place })
+      body: { from: place }
     }),
   stacks: id =>
     requestAPI<IStacksResponse>(`runs/${encodeURIComponent(id)}/stacks`, { method: 'POST' })
