@@ -277,7 +277,8 @@ export function stopButton(detail: {
   stopQuestion: IStopQuestion;
 } {
   const n = detail.world_size ?? detail.ranks?.length ?? 0;
-  const every = n > 1 ? `all ${n} ranks` : n === 1 ? 'its one rank' : 'every rank';
+  const every =
+    n > 2 ? `all ${n} ranks` : n === 2 ? 'both ranks' : n === 1 ? 'its one rank' : 'every rank';
   if (!detail.session) {
     return {
       stopLabel: 'Stop',

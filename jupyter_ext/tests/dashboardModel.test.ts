@@ -178,7 +178,7 @@ describe('stopButton', () => {
     expect(run.body).toContain('raises LaunchStoppedError');
     expect(run.accept).toBe('Stop every rank');
     const cell = stopButton({ session: true, state: 'running', ranks: [{}, {}] }).stopQuestion;
-    expect(cell.body).toContain('stops the cell on all 2 ranks');
+    expect(cell.body).toContain('stops the cell on both ranks');
     expect(cell.body).toContain('The live session goes on');
     const session = stopButton({ session: true, state: 'idle', world_size: 1 }).stopQuestion;
     expect(session.title).toBe('End the live session?');

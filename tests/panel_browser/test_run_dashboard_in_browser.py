@@ -181,7 +181,7 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         stop.click()
         dialog = page.locator(".jp-Dialog")
         expect(dialog).to_contain_text("Stop this run?")
-        expect(dialog).to_contain_text("This stops all 2 ranks of the run")
+        expect(dialog).to_contain_text("This stops both ranks of the run")
         snapshot(page, "dashboard-stop-question.png")
         dialog.get_by_role("button", name="Cancel").click()
         expect(dialog).to_have_count(0)
