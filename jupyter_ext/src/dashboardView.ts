@@ -24,11 +24,11 @@ import {
 import { makeDashboardCharts } from './dashboardCharts';
 import { DashboardChartsView } from './dashboardChartsView';
 import { button, h } from './dom';
+import { LogPane } from './logView';
 import { RunsModel } from './runsModel';
 
 /** What the dashboard asks of the lab around it. */
 export interface IDashboardActions {
-  openLog(runId: string, rank: number): void;
   /** Show that cell of that notebook (opening the notebook if it is not open). */
   openCell(notebook: string, cell: number): void;
   /** A dashboard opened or closed: poll the runs while one is open (or the sidebar is shown). */
@@ -83,7 +83,9 @@ class DashboardContent extends Widget {
         { class: 'nblaunch-help nblaunch-dash-chart-help' },
         "The charts above and the figures here are sampled about once a second while the run is watched; steps per second come from each rank's progress bars. Hover a chart for every rank's value at that time."
       ),
-      this._stacks
+      this._stacks,
+      h('h3', { class: 'nblaunch-dash-subtitle' }, 'Log'),
+      this._log.node
     );
     this._unsubscribe = _runs.onChange(() => this.render());
     this.render();
@@ -92,6 +94,17 @@ class DashboardContent extends Widget {
   protected onAfterAttach(): void {
     void this._runs.watch(this.runId);
     this._actions.watchChanged();
+    this._log.start();
+  }
+
+  protected onBeforeDetach(): void {
+    this._log.stop();
+  }
+
+  /** Show rank ``rank``'s log in the pane below the table (the table's Log buttons, a cell's log link). */
+  showLog(rank: number): void {
+    this._log.setRank(rank);
+    this._log.node.scrollIntoView({ block: 'nearest' });
   }
 
   dispose(): void {
@@ -99,6 +112,7 @@ class DashboardContent extends Widget {
       return;
     }
     this._unsubscribe();
+    this._log.stop();
     this._charts.dispose();
     this._runs.unwatch(this.runId);
     this._actions.watchChanged();
@@ -136,6 +150,7 @@ class DashboardContent extends Widget {
     setText(this._stacksText, stacks ?? '');
     this._drawFacts(model);
     this._drawRanks(model);
+    this._log.setRanks(model.ranks.length);
   }
 
   /** Stop asks once, saying what it will do (it stops every rank); Cancel leaves the run alone. */
@@ -214,9 +229,7 @@ class DashboardContent extends Widget {
     const rows = model.ranks.map(rank => {
       let row = this._rows.get(rank.rank);
       if (!row) {
-        row = new RankRow(rank.charts.length, model.gpu, () =>
-          this._actions.openLog(this.runId, rank.rank)
-        );
+        row = new RankRow(rank.charts.length, model.gpu, () => this.showLog(rank.rank));
         this._rows.set(rank.rank, row);
       }
       row.update(rank.rank, rank.pid, rank.state, rank.device, rank.charts);
@@ -236,6 +249,7 @@ class DashboardContent extends Widget {
   private _note = h('span', { class: 'nblaunch-run-note', role: 'status', hidden: true });
   private _facts = h('dl', { class: 'nblaunch-dash-facts' });
   private _charts = new DashboardChartsView();
+  private _log = new LogPane(this.runId, 0);
   private _table = h('table', { class: 'nblaunch-ranks nblaunch-dash-ranks' });
   private _body = h('tbody');
   private _stop: HTMLButtonElement;
@@ -260,7 +274,7 @@ class RankRow {
     this._charts = Array.from({ length: charts }, () => new Spark());
     const log = button('Log', openLog, {
       class: 'nblaunch-rank-logs',
-      title: "Open this rank's log in a tab"
+      title: "Show this rank's log in the pane below"
     });
     this.node = h(
       'tr',
@@ -314,6 +328,14 @@ class Spark {
 function setText(node: HTMLElement, text: string): void {
   if (node.textContent !== text) {
     node.textContent = text; // the same text: the DOM is left alone (no flicker, no lost selection)
+  }
+}
+
+/** Show rank ``rank``'s log in a dashboard tab's log pane (a cell's log link lands there). */
+export function showRankLog(widget: Widget, rank: number): void {
+  const content = (widget as MainAreaWidget).content;
+  if (content instanceof DashboardContent) {
+    content.showLog(rank);
   }
 }
 

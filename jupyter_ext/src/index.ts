@@ -76,12 +76,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       panel.runs,
       launchIcon,
       {
-        openLog: (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }),
         watchChanged: () => panel.watchRuns()
       },
       restorer
     );
-    listenToLogLinks((run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }));
+    // a cell's log link opens the run's dashboard at that rank's log (its pane has the rank switcher)
+    listenToLogLinks(
+      (run, rank) => void app.commands.execute(CommandIDs.openDashboard, { run, rank })
+    );
     // A cell that runs may start a launch: watch the run folders until it is done.
     NotebookActions.executionScheduled.connect((_, { cell }) => {
       panel.runs.cellStarted(cell.model.id);

@@ -60,8 +60,8 @@ def test_notebook7_opens_the_panel_runs_a_cell_and_shows_its_dashboard_and_log_b
         )
         assert fit["cut"] == [] and fit["scroll"] <= fit["width"] + 1, fit
 
-        dash.locator(".nblaunch-rank-logs").nth(1).click()  # rank 1's log, from the dashboard
-        log = page.locator(".nblaunch-log")
+        dash.locator(".nblaunch-rank-logs").nth(1).click()  # rank 1's log, in the dashboard's pane
+        log = dash.locator('.nblaunch-log[data-rank="1"]')
         expect(log.first).to_contain_text("rank 1 step", timeout=60_000)
         snapshot(page, "notebook7-log.png")
     finally:

@@ -1,9 +1,9 @@
 """End to end: a notebook in a real JupyterLab and Debian's Chromium starts a 2-rank launch. At the
 default sidebar width the sidebar's runs list shows it with nothing cut off; its dashboard tab opens
 from the list, from the palette and from the run's name in the cell's status line, shows both ranks
-(pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log tab
-(named after run and rank) follows the run and searches it; Stop in the dashboard ends the run, the
-cell shows the stopped-from-the-panel error, no process of the run is left, and the dashboard comes
+(pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log in the
+dashboard's pane (rank switcher, Follow, search; a cell's log link lands there) follows the run; Stop asks
+once, ends the run, and the cell and dashboard say it was stopped from the dashboard; no process of the run is left, and the dashboard comes
 back after a page reload."""
 
 from __future__ import annotations
@@ -122,12 +122,13 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         dash.get_by_role("button", name="Hide stacks").click()
         expect(stacks).to_be_hidden()
 
-        # rank 1's output never reaches the cell: its log tab, named after run and rank, follows the run
+        # rank 1's output never reaches the cell: its Log button shows it in the dashboard's log pane, following
         ranks.nth(1).get_by_role("button", name="Log").click()
-        log_tab = page.locator(f"#nblaunch-log-{run_id}-1")
+        log_tab = dash.locator(".nblaunch-log")
+        expect(log_tab).to_have_attribute("data-rank", "1")
         log = log_tab.locator(".nblaunch-log-text")
-        expect(_tab(page, f"{name} · rank 1")).to_have_count(1)
         expect(log).to_contain_text("rank 1 working on step")
+        expect(log_tab.get_by_label("Follow the newest line")).to_be_checked()
         expect(log_tab.locator(".nblaunch-log-status")).to_contain_text("following")
         seen = _max_step(log.inner_text(), 1)
         expect(log).to_contain_text(f"rank 1 working on step {seen + 5}", timeout=30_000)
@@ -143,11 +144,18 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         expect(shown).not_to_have_count(matches, timeout=30_000)  # new matching lines keep arriving
         snapshot(page, "dashboard-log.png")
         log_tab.locator(".nblaunch-log-search").fill("")
+        # the rank switcher: another rank's log in the same pane
+        log_tab.locator("select.nblaunch-log-rank").select_option("0")
+        expect(log_tab).to_have_attribute("data-rank", "0")
+        expect(log).to_contain_text("rank 0 working on step")
+        expect(log).not_to_contain_text("rank 1 working")
 
-        # the status line's log link in the cell opens rank 0's log
+        # the status line's log link in the cell lands in the dashboard's pane, at that rank
         _tab(page, "train.ipynb").click()
-        page.locator('a.nblaunch-log-link[data-nblaunch-rank="0"]').first.click()
-        expect(page.locator(f"#nblaunch-log-{run_id}-0 .nblaunch-log-text")).to_contain_text("rank 0 working")
+        page.locator('a.nblaunch-log-link[data-nblaunch-rank="1"]').first.click()
+        expect(dash).to_be_visible()
+        expect(log_tab).to_have_attribute("data-rank", "1")
+        expect(log).to_contain_text("rank 1 working on step")
 
         # the palette opens it too; opening it again shows the one tab rather than a second
         _tab(page, name).locator(".lm-TabBar-tabCloseIcon").click()
@@ -200,8 +208,7 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         # the words after Stop name where it was pressed, in the cell and in the dashboard
         expect(outputs.filter(has_text="stopped from the run's dashboard (Stop)")).not_to_have_count(0)
         expect(dash.locator(".nblaunch-dash-outcome")).to_contain_text("stopped from the run's dashboard")
-        _tab(page, f"{name} · rank 1").click()
-        expect(page.locator(f"#nblaunch-log-{run_id}-1 .nblaunch-log-status")).to_contain_text("has ended")
+        expect(log_tab.locator(".nblaunch-log-status")).to_contain_text("has ended")
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         assert psutil.Process(kernel_pid).children(recursive=True) == []
 
