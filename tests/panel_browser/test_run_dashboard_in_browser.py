@@ -3,7 +3,8 @@ default sidebar width the sidebar's runs list shows it with nothing cut off; its
 from the list, from the palette and from the run's name in the cell's status line, shows both ranks
 (pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log in the
 dashboard's pane (rank switcher, Follow, search; a cell's log link lands there) follows the run; Stop asks
-once, ends the run, and the cell and dashboard say it was stopped from the dashboard; no process of the run is left, and the dashboard comes
+once, ends the run, and the cell and dashboard say it was stopped from the dashboard; no process of the run
+is left, and the dashboard comes
 back after a page reload."""
 
 from __future__ import annotations
