@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kernelside.display.chart_scales import ema
+from kernelside.display.chart_scales import ema, is_noisy
 from kernelside.display.metrics_chart import MetricsChart
 
 POINTS = [{"step": i, "loss": 2 * math.exp(-i / 30) + (0.1 if i % 2 else 0.0), "lr": 1e-3} for i in range(1, 121)]
@@ -38,9 +38,21 @@ def test_smoothing_is_a_debiased_ema_drawn_over_the_faint_raw_line():
     assert ema([3.0, 3.0, 3.0], 0.9) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards 0 at the start
     assert ema([1.0, 2.0], 0.0) == [1.0, 2.0]
     during = MetricsChart().render(POINTS)
-    assert during.count('class="nbl-ema nbl-ema-6"') == 2 and 'class="nbl-ema nbl-ema-9"' not in during
+    # the noisy loss is smoothed; the learning rate, a schedule without noise, is drawn as it is
+    assert during.count('class="nbl-ema nbl-ema-6"') == 1 and 'class="nbl-ema nbl-ema-9"' not in during
     assert "<input" not in during
-    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="0.35"', during)
+    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="0.5"', during)  # seen on dark backgrounds too
+    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="1"', during)  # the schedule: its own line, whole
+
+
+def test_smoothing_applies_per_panel_only_to_series_with_noise():
+    assert is_noisy([2 * math.exp(-i / 30) + (0.1 if i % 2 else 0.0) for i in range(100)])
+    warmup_cosine = [i / 10 for i in range(10)] + [0.5 * (1 + math.cos(math.pi * i / 90)) for i in range(90)]
+    steps = [1e-3] * 30 + [1e-4] * 30 + [1e-5] * 30
+    assert not is_noisy(warmup_cosine) and not is_noisy(steps) and not is_noisy([3.0] * 50)
+    only_lr = [{"step": i, "lr": 1e-3 * 0.99**i} for i in range(50)]
+    svg = MetricsChart().render(only_lr, final=True)
+    assert 'class="nbl-ema' not in svg and "<input" not in svg  # nothing to smooth: no control either
 
 
 def test_the_ended_run_gets_a_smoothing_control_with_every_weight_precomputed():

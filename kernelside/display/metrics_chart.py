@@ -39,6 +39,7 @@ from .chart_scales import (
     fmt_log,
     fmt_tick,
     fmt_value,
+    is_noisy,
     log_ticks,
     nice_ticks,
     span,
@@ -56,6 +57,7 @@ HOVER_BANDS = 100  # most hover bands per panel: enough to read values, little t
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)  # TensorBoard's default is 0.6
 DEFAULT_SMOOTHING = 0.6
 MIN_TO_SMOOTH = 8  # fewer points than this are drawn as they are
+RAW_OPACITY = 0.5  # the raw line under the smoothed one: faint, yet seen on the dark theme's background too
 LOG_DECADES = 2.0  # positive values spanning this many decades (100x) are drawn on a log scale
 _SKIP = ("step", "rank")
 
@@ -116,7 +118,7 @@ class MetricsChart:
         if len(curves) == 4:
             cols = 2  # 2 x 2 rather than 3 + 1
         rows = math.ceil(len(curves) / cols)
-        smoothable = any(len(ys) >= MIN_TO_SMOOTH for s in curves.values() for _, ys in s.values())
+        smoothable = any(_smooths(ys) for s in curves.values() for _, ys in s.values())
         control_h = 22 if final and smoothable else 0
         min_w = cols * MIN_PANEL_W + (cols - 1) * GAP
         values = _value_rows(singles, min_w) if singles else []
@@ -234,8 +236,8 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
     for k, rank in enumerate(ranks):
         xs, ys = finite_series[rank]
         c = color if single else COLORS[k % len(COLORS)]
-        smooth = len(ys) >= MIN_TO_SMOOTH
-        plot.append(_line(xs, ys, fx, fy, c, "nbl-raw", 0.35 if smooth else 1.0))
+        smooth = _smooths(ys)  # per panel and line: a schedule without noise is drawn as it is
+        plot.append(_line(xs, ys, fx, fy, c, "nbl-raw", RAW_OPACITY if smooth else 1.0))
         if smooth:
             weights = (w for w in SMOOTHING if w and (final or w == DEFAULT_SMOOTHING))
             for w in weights:
@@ -260,6 +262,10 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
         f'preserveAspectRatio="none" overflow="visible">{"".join(plot)}</svg>'
     )
     return "".join(out)
+
+
+def _smooths(ys: list[float]) -> bool:
+    return len(ys) >= MIN_TO_SMOOTH and is_noisy(ys)
 
 
 def _line(xs, ys, fx, fy, color: str, cls: str, opacity: float) -> str:
