@@ -33,14 +33,15 @@ def test_hovering_a_step_shows_its_value_and_the_smoothed_value():
     assert f"<title>loss at step 120: {last:.4g} (smoothed {smoothed:.4g})</title>" in svg
     assert len(re.findall(r"<title>loss at step", svg)) <= 101  # bands, not one per point for long runs
     # a visible readout at the hovered step, not only the browser's late tooltip: shown by CSS on :hover
-    assert f'text-anchor="end">step 120: {last:.4g} (smoothed {smoothed:.4g})</text></g>' in svg
+    assert f'<text class="nbl-readout" x="8" y="18">step 120: {last:.4g} (smoothed {smoothed:.4g})</text></g>' in svg
+    assert ".nbl-panel:has(.nbl-band:hover) .nbl-head{visibility:hidden}" in svg  # in the title's place
     assert ".nbl-band:hover .nbl-readout" in svg and ".nbl-rule,.nbl-readout{visibility:hidden}" in svg
 
 
 def test_a_panels_legend_sits_in_its_own_row_clear_of_the_title_and_the_top_tick_label():
     two = [{"step": i, "loss": 1.2 - i / 100 + (0.01 if i % 2 else 0), "rank": r} for i in range(40) for r in (0, 1)]
     svg = MetricsChart().render(two)
-    legend = re.search(r'<svg x="17%" y="0" overflow="visible">(.*?)</svg>', svg).group(1)
+    legend = re.search(r'<svg class="nbl-head" x="17%" y="0" overflow="visible">(.*?)</svg>', svg).group(1)
     legend_y = {float(y) for y in re.findall(r'<text x="[\d.]+" y="([\d.]+)"', legend)}
     top_tick = min(float(y) for y in re.findall(r'<text x="15.5%" y="([\d.]+)" text-anchor="end"', svg))
     assert legend_y == {33.0} and top_tick - 33.0 >= 11  # 11 px fonts: one line apart, no overlap

@@ -67,10 +67,9 @@ _SKIP = ("step", "rank")
 _STYLE = (
     ".nbl-hit{fill:currentColor;fill-opacity:0}"
     ".nbl-rule{stroke:currentColor;stroke-opacity:.6;stroke-dasharray:3 3;pointer-events:none}"
-    ".nbl-readout{fill:currentColor;font-weight:bold;paint-order:stroke;stroke:var(--jp-layout-color0,#fff);"
-    "stroke-width:4px;pointer-events:none}"
+    ".nbl-readout{fill:currentColor;font-weight:bold;pointer-events:none}"
     ".nbl-rule,.nbl-readout{visibility:hidden}.nbl-band:hover .nbl-rule,.nbl-band:hover .nbl-readout"
-    "{visibility:visible}"
+    "{visibility:visible}.nbl-panel:has(.nbl-band:hover) .nbl-head{visibility:hidden}"
     ".nbl-ema{display:none}.nbl-ema-6{display:inline}"
     ".nbl-smoothing label{margin-left:.6em;cursor:pointer}.nbl-smoothing input{margin:0 .2em 0 0;vertical-align:-2px}"
     + "".join(
@@ -144,7 +143,8 @@ class MetricsChart:
             x = (i % cols) * share
             y = control_h + (i // cols) * (PANEL_H + GAP)
             parts.append(
-                f'<svg x="{x:.3f}%" y="{y}" width="{share:.3f}%" height="{PANEL_H}" overflow="visible">'
+                f'<svg class="nbl-panel" x="{x:.3f}%" y="{y}" width="{share:.3f}%" height="{PANEL_H}" '
+                'overflow="visible">'
                 f"{_panel(name, by_rank, COLORS[i % len(COLORS)], final)}</svg>"
             )
         for j, row in enumerate(values):
@@ -185,8 +185,8 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
     out = [
         '<rect x="0.5" y="0.5" width="99%" height="99%" fill="none" stroke="currentColor" stroke-opacity="0.15" '
         'rx="3"/>',
-        f'<rect x="8" y="9" width="10" height="10" rx="2" fill="{color}"/>' if single else "",
-        f'<text x="{24 if single else 8}" y="18" fill="currentColor" font-weight="bold">{title}'
+        f'<rect class="nbl-head" x="8" y="9" width="10" height="10" rx="2" fill="{color}"/>' if single else "",
+        f'<text class="nbl-head" x="{24 if single else 8}" y="18" fill="currentColor" font-weight="bold">{title}'
         f"{' (log scale)' if log else ''}</text>",
     ]
     if not all_y:
@@ -266,7 +266,7 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
                 f"{fmt_value(by_rank[rank][1][-1])}</text>"
             )
     if legend:  # from the plot's left edge: the y tick labels' column stays clear
-        out.append(f'<svg x="{PLOT_X:g}%" y="0" overflow="visible">{"".join(legend)}</svg>')
+        out.append(f'<svg class="nbl-head" x="{PLOT_X:g}%" y="0" overflow="visible">{"".join(legend)}</svg>')
     bands = _hover_bands(name, finite_series, ranks, smoothed, fx, ph)
     out.append(
         f'<svg x="{PLOT_X:g}%" y="{TOP}" width="{PLOT_W:g}%" height="{ph}" viewBox="0 0 {VIEW:g} {VIEW:g}" '
@@ -321,7 +321,7 @@ def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx, ph: f
             f'<g class="nbl-band"><rect class="nbl-hit" x="{PLOT_X + PLOT_W * left:.2f}%" y="{TOP}" '
             f'width="{PLOT_W * max(right - left, 0.001):.2f}%" height="{ph}"><title>{tip}</title></rect>'
             f'<line class="nbl-rule" x1="{xp:.2f}%" x2="{xp:.2f}%" y1="{TOP}" y2="{TOP + ph}"/>'
-            f'<text class="nbl-readout" x="{PLOT_X + PLOT_W:g}%" y="18" text-anchor="end">{readout}</text></g>'
+            f'<text class="nbl-readout" x="8" y="18">{readout}</text></g>'
         )
     return "".join(out)
 
