@@ -129,6 +129,12 @@ class RunDisplay:
         self.elapsed: float | None = None  # frozen when the run ends
         self.detail = ""  # a failed run's root cause, in one line
 
+    def hold(self, widget) -> bool:
+        """Show ``widget`` (the ``--output all`` rank tabs) under the bars, above the chart: the printed lines
+        stay in view while the cell runs, not pushed below a chart at a 720 px screen's bottom."""
+        self.box.children = (self.status, self.bars_box, widget, self.chart)
+        return True
+
     def show(self) -> None:
         from IPython.display import display
 

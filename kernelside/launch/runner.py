@@ -179,7 +179,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         engine.start(recorder)
         if display is not None:
             display.show()
-        if tabs is not None:
+        if tabs is not None and not (display is not None and display.hold(tabs.widget)):
             tabs.show()
         _watch(engine, recorder, plan.timeout, t_call)
     except KeyboardInterrupt as e:
