@@ -33,7 +33,8 @@ def test_hovering_a_step_shows_its_value_and_the_smoothed_value():
     assert f"<title>loss at step 120: {last:.4g} (smoothed {smoothed:.4g})</title>" in svg
     assert len(re.findall(r"<title>loss at step", svg)) <= 101  # bands, not one per point for long runs
     # a visible readout at the hovered step, not only the browser's late tooltip: shown by CSS on :hover
-    assert f'<text class="nbl-readout" x="8" y="18">step 120: {last:.4g} (smoothed {smoothed:.4g})</text></g>' in svg
+    readout = f"loss at step 120: {last:.4g} (smoothed {smoothed:.4g})"
+    assert f'<text class="nbl-readout" x="8" y="18">{readout}</text></g>' in svg
     assert ".nbl-panel:has(.nbl-band:hover) .nbl-head{visibility:hidden}" in svg  # in the title's place
     assert ".nbl-band:hover .nbl-readout" in svg and ".nbl-rule,.nbl-readout{visibility:hidden}" in svg
 

@@ -315,13 +315,12 @@ def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx, ph: f
                 text += f" (smoothed {fmt_value(smoothed[r][DEFAULT_SMOOTHING][i])})"
             values.append(text if len(ranks) == 1 else f"rank {r}: {text}")
         tip = html.escape(f"{name} at step {fmt_value(x)}: " + ", ".join(values))
-        readout = html.escape(f"step {fmt_value(x)}: " + ", ".join(values))
         xp = PLOT_X + PLOT_W * fx(x)
         out.append(
             f'<g class="nbl-band"><rect class="nbl-hit" x="{PLOT_X + PLOT_W * left:.2f}%" y="{TOP}" '
             f'width="{PLOT_W * max(right - left, 0.001):.2f}%" height="{ph}"><title>{tip}</title></rect>'
             f'<line class="nbl-rule" x1="{xp:.2f}%" x2="{xp:.2f}%" y1="{TOP}" y2="{TOP + ph}"/>'
-            f'<text class="nbl-readout" x="8" y="18">{readout}</text></g>'
+            f'<text class="nbl-readout" x="8" y="18">{tip}</text></g>'
         )
     return "".join(out)
 

@@ -129,7 +129,8 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
         [x, y],
     )
     assert re.match(r"loss at step \d+: [\d.]+ \(smoothed [\d.]+\)", tip or ""), tip
-    readout = chart.locator(".nbl-readout").filter(has_text=re.compile(r"^step \d+: [\d.]+ \(smoothed [\d.]+\)$"))
+    values = re.compile(r"^loss at step \d+: [\d.]+ \(smoothed [\d.]+\)$")
+    readout = chart.locator(".nbl-readout").filter(has_text=values)
     visible = readout.evaluate_all("ts => ts.filter(t => getComputedStyle(t).visibility === 'visible').length")
     assert visible == 1, visible  # the hovered step's values, written on the panel at once
     cell.scroll_into_view_if_needed()
