@@ -21,7 +21,7 @@ Example::
     GET  /nblaunch/runs/{id}            one run with its ranks and log_dir         kernels read
     GET  /nblaunch/runs/{id}/series     its training curves and each rank's progress counts  kernels read
     GET  /nblaunch/runs/{id}/ranks/{rank}/log[?tail=N | ?offset=B]   a log, JSON   kernels read
-    POST /nblaunch/runs/{id}/stop       ask the run's kernel to stop it (409 why not)          kernels write
+    POST /nblaunch/runs/{id}/stop       ask its kernel to stop it (409 why not), {"from": place}  kernels write
     POST /nblaunch/runs/{id}/stacks     every rank's Python stack, from the run's kernel, 1 s  kernels write
 """
 
@@ -155,7 +155,8 @@ class RunStopHandler(_PanelHandler):
     @tornado.web.authenticated
     @authorized("write", resource=KERNELS)  # stops a kernel's ranks, as interrupting a kernel is a write
     async def post(self, run_id):
-        await self.answer(lambda: self.runs.stop(run_id), waits=True)  # the kernel has a few seconds to answer
+        # {"from": where Stop was pressed} (the words after it name it); a bad body is answered as a 400, in answer()
+        await self.answer(lambda: self.runs.stop(run_id, self.json_body().get("from")), waits=True)
 
 
 class RunStacksHandler(_PanelHandler):

@@ -30,9 +30,11 @@ from pathlib import Path
 from kernelside import config
 from kernelside.errors import LaunchConfigError, shown_value
 from kernelside.run_contract import (
+    DEFAULT_STOP_PLACE,
     LIVE_RUN_STATES,
     RUN_ID,
     STATE_FILE,
+    STOP_PLACES,
     WRITTEN_RUN_STATES,
     RunState,
     rank_log_name,
@@ -168,8 +170,13 @@ class RunFolders:
 
     # -- Stop -----------------------------------------------------------------------------
 
-    def stop(self, run_id) -> dict:
-        """Ask the run's kernel to stop it. 409 with the reason if it has ended, has no owner, or takes no Stop."""
+    def stop(self, run_id, place=None) -> dict:
+        """Ask the run's kernel to stop it. 409 with the reason if it has ended, has no owner, or takes no Stop.
+
+        ``place``: where Stop was pressed (``STOP_PLACES``: dashboard, sidebar, panel), named by the words after it."""
+        if place is not None and place not in STOP_PLACES:
+            allowed = ", ".join(repr(p) for p in STOP_PLACES)
+            raise PanelRequestError(400, f'"from" is {place!r}: Stop is pressed in one of {allowed} (or leave it out)')
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
             summary = self._summary(d, state, d.in_use())
@@ -186,7 +193,7 @@ class RunFolders:
                     "interrupt its kernel (■) instead",
                 )
             try:
-                reply = d.request({"op": "stop"}, STOP_TIMEOUT_S)
+                reply = d.request({"op": "stop", "from": place or DEFAULT_STOP_PLACE}, STOP_TIMEOUT_S)
             except RunFileError as e:
                 raise PanelRequestError(e.status, f"cannot stop {run_id}: {e}") from None
         if not reply.get("ok"):
@@ -216,7 +223,8 @@ class RunFolders:
                 raise PanelRequestError(e.status, f"cannot get {run_id}'s stacks: {e}") from None
         if not reply.get("ok") or not isinstance(reply.get("ranks"), list):
             raise PanelRequestError(409, f"{run_id}'s kernel gave no stacks: {reply.get('message')}")
-        return {"id": run_id, "ranks": reply["ranks"]}
+        taken = reply.get("taken")  # when the kernel asked its ranks (wall clock), for "taken at 18:05:12"
+        return {"id": run_id, "ranks": reply["ranks"], "taken": taken if isinstance(taken, (int, float)) else None}
 
     def _open(self, run_id) -> RunDir:
         path = self._find(run_id)

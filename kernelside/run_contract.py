@@ -65,6 +65,39 @@ RUN_PREFIX = "run-"
 RUN_ID = re.compile(r"run-[0-9]{8}-[0-9]{6}-[A-Za-z0-9_]{1,64}")  # ASCII only (\\d takes "٢")
 
 
+# Where a Stop was pressed, as the panel's POST .../stop names it ({"from": "dashboard"}), and how the
+# cell's and the dashboard's words afterwards say it. A request that names no place came from the API.
+STOP_PLACES = {
+    "dashboard": "the run's dashboard",
+    "sidebar": "the launch sidebar's runs list",
+    "panel": "the launch panel",
+}
+DEFAULT_STOP_PLACE = "panel"
+
+
+def stop_place_words(place: str | None) -> str:
+    """How the words after a Stop name where it was pressed; an unknown place reads as the launch panel.
+
+    Example::
+
+        >>> stop_place_words("dashboard")
+        "the run's dashboard"
+    """
+    return STOP_PLACES.get(place or DEFAULT_STOP_PLACE, STOP_PLACES[DEFAULT_STOP_PLACE])
+
+
+def stopped_message(place: str | None = None) -> str:
+    """The words of a stopped run, naming where Stop was pressed (``{"op": "stop", "from": "dashboard"}``).
+
+    Example::
+
+        >>> stopped_message("dashboard")
+        "the run was stopped from the run's dashboard (Stop): every rank was stopped and nothing is left running"
+    """
+    where = stop_place_words(place)
+    return f"the run was stopped from {where} (Stop): every rank was stopped and nothing is left running"
+
+
 def runs_base(log_dir: str | None) -> str:
     """The folder that holds the run folders: ``log_dir``, or ``$TMPDIR/nblaunch-<uid>``.
 

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from kernelside.display.chart_scales import ema
+from kernelside.display.chart_scales import ema, is_noisy
 from kernelside.display.metrics_chart import MetricsChart
 
 POINTS = [{"step": i, "loss": 2 * math.exp(-i / 30) + (0.1 if i % 2 else 0.0), "lr": 1e-3} for i in range(1, 121)]
@@ -32,15 +32,42 @@ def test_hovering_a_step_shows_its_value_and_the_smoothed_value():
     last = POINTS[-1]["loss"]
     assert f"<title>loss at step 120: {last:.4g} (smoothed {smoothed:.4g})</title>" in svg
     assert len(re.findall(r"<title>loss at step", svg)) <= 101  # bands, not one per point for long runs
+    # a visible readout at the hovered step, not only the browser's late tooltip: shown by CSS on :hover
+    readout = f"loss at step 120: {last:.4g} (smoothed {smoothed:.4g})"
+    assert f'<text class="nbl-readout" x="8" y="18">{readout}</text></g>' in svg
+    assert ".nbl-panel:has(.nbl-band:hover) .nbl-head{visibility:hidden}" in svg  # in the title's place
+    assert ".nbl-band:hover .nbl-readout" in svg and ".nbl-rule,.nbl-readout{visibility:hidden}" in svg
+
+
+def test_a_panels_legend_sits_in_its_own_row_clear_of_the_title_and_the_top_tick_label():
+    two = [{"step": i, "loss": 1.2 - i / 100 + (0.01 if i % 2 else 0), "rank": r} for i in range(40) for r in (0, 1)]
+    svg = MetricsChart().render(two)
+    legend = re.search(r'<svg class="nbl-head" x="17%" y="0" overflow="visible">(.*?)</svg>', svg).group(1)
+    legend_y = {float(y) for y in re.findall(r'<text x="[\d.]+" y="([\d.]+)"', legend)}
+    top_tick = min(float(y) for y in re.findall(r'<text x="15.5%" y="([\d.]+)" text-anchor="end"', svg))
+    assert legend_y == {33.0} and top_tick - 33.0 >= 11  # 11 px fonts: one line apart, no overlap
+    assert "rank 0: " in legend and "rank 1: " in legend
 
 
 def test_smoothing_is_a_debiased_ema_drawn_over_the_faint_raw_line():
     assert ema([3.0, 3.0, 3.0], 0.9) == pytest.approx([3.0, 3.0, 3.0])  # no pull towards 0 at the start
     assert ema([1.0, 2.0], 0.0) == [1.0, 2.0]
     during = MetricsChart().render(POINTS)
-    assert during.count('class="nbl-ema nbl-ema-6"') == 2 and 'class="nbl-ema nbl-ema-9"' not in during
+    # the noisy loss is smoothed; the learning rate, a schedule without noise, is drawn as it is
+    assert during.count('class="nbl-ema nbl-ema-6"') == 1 and 'class="nbl-ema nbl-ema-9"' not in during
     assert "<input" not in during
-    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="0.35"', during)
+    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="0.5"', during)  # seen on dark backgrounds too
+    assert re.search(r'class="nbl-raw"[^>]*stroke-opacity="1"', during)  # the schedule: its own line, whole
+
+
+def test_smoothing_applies_per_panel_only_to_series_with_noise():
+    assert is_noisy([2 * math.exp(-i / 30) + (0.1 if i % 2 else 0.0) for i in range(100)])
+    warmup_cosine = [i / 10 for i in range(10)] + [0.5 * (1 + math.cos(math.pi * i / 90)) for i in range(90)]
+    steps = [1e-3] * 30 + [1e-4] * 30 + [1e-5] * 30
+    assert not is_noisy(warmup_cosine) and not is_noisy(steps) and not is_noisy([3.0] * 50)
+    only_lr = [{"step": i, "lr": 1e-3 * 0.99**i} for i in range(50)]
+    svg = MetricsChart().render(only_lr, final=True)
+    assert 'class="nbl-ema' not in svg and "<input" not in svg  # nothing to smooth: no control either
 
 
 def test_the_ended_run_gets_a_smoothing_control_with_every_weight_precomputed():

@@ -53,11 +53,13 @@ def test_stacks_of_a_running_cell_name_its_lines_the_notebook_function_and_the_b
                 lambda: (
                     (a := d.request({"op": "stacks"}, 2.0, max_bytes=1 << 22))["ranks"][1].get("collective")
                     and "in hold" in (a["ranks"][0].get("where") or "")
+                    and a["ranks"][0].get("calling") == "sleep"  # (not between two sleeps, in os.path.exists)
                     and a
                 ),
-                what="rank 1 in its barrier and rank 0 in hold()",
+                what="rank 1 in its barrier and rank 0 in hold(), calling sleep()",
             )
             assert time.monotonic() - t0 < 5
+            assert abs(answer["taken"] - time.time()) < 10  # when the ranks were asked, for "taken at"
     finally:
         (tmp_path / "release").touch()
     kernel.wait(cell).ok()
@@ -70,8 +72,11 @@ def test_stacks_of_a_running_cell_name_its_lines_the_notebook_function_and_the_b
         f"{launch_cell}, line 4 in <module>",
         f"{fn_cell}, line 4 in hold",
     ]
+    # the line's text and the C function the rank calls there: what the frames alone do not say
+    assert r0["source"] == "while not os.path.exists(path): time.sleep(0.01)  # one line"
+    assert r1["source"] == "dist.barrier()" and r1["calling"] is None  # in a collective: that names it
     assert describe(answer).splitlines() == [
-        f"rank 0: {fn_cell}, line 4 in hold",
+        f"rank 0: {fn_cell}, line 4 in hold, calling sleep()",
         f"rank 1: {launch_cell}, line 5 in <module>, waiting in torch.distributed.barrier()",
     ]
 

@@ -31,3 +31,7 @@ def test_each_rank_has_its_own_tab_with_its_lines_and_rank_0_is_shown_first(kern
         assert f"rank {1 - r} line" not in pages[r]
         assert f"warning from rank {r}" in pages[r] and "jp-error-color1" in pages[r]
     assert "line" not in cell.stdout and "[rank" not in cell.stdout  # not interleaved in the stream too
+    # the tabs sit under the status line and bars, above the chart: the printed lines in view while it runs
+    tab_id = next(c for c, s in states.items() if s.get("_model_name") == "TabModel")
+    box = next(s for s in states.values() if f"IPY_MODEL_{tab_id}" in s.get("children", []) and s is not tab)
+    assert box["children"].index(f"IPY_MODEL_{tab_id}") == 2 and len(box["children"]) == 4, box["children"]

@@ -154,7 +154,7 @@ def test_the_control_channel_answers_bad_requests_and_ping_without_stopping(tmp_
     dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     control = run_control.RunControl.listen(str(tmp_path))
     sel = selectors.DefaultSelector()
-    control.register(sel, lambda: stops.append(1) or True)
+    control.register(sel, lambda place: stops.append(place) or True)
 
     def ask(raw: bytes) -> dict:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
@@ -177,12 +177,20 @@ def test_the_control_channel_answers_bad_requests_and_ping_without_stopping(tmp_
         assert "unknown op 'kill'" in ask(b'{"op": "kill", "pid": 1}\n')["message"]
         assert ask(b'{"op": "ping"}\n')["ok"] is True
         assert stops == []
-        assert ask(b'{"op": "stop"}\n')["ok"] is True and stops == [1]
+        assert ask(b'{"op": "stop", "from": "dashboard"}\n')["ok"] is True and stops == ["dashboard"]
+        assert ask(b'{"op": "stop", "from": 7}\n')["ok"] is True and stops == ["dashboard", None]  # not a place
     finally:
         sel.close()
         control.close()
         os.close(dir_fd)
     assert not (tmp_path / run_control.CONTROL_SOCKET).exists()
+
+
+def test_the_words_after_stop_name_where_it_was_pressed():
+    assert "stopped from the run's dashboard (Stop)" in run_control.stopped_message("dashboard")
+    assert "stopped from the launch sidebar's runs list" in run_control.stopped_message("sidebar")
+    assert "stopped from the launch panel" in run_control.stopped_message(None)  # the API, naming no place
+    assert "stopped from the launch panel" in run_control.stopped_message("elsewhere")
 
 
 def test_a_long_run_folder_path_still_gets_a_control_socket(tmp_path):

@@ -4,7 +4,10 @@ ended (the error box says the rest), and a live session's start cell that says w
 
 from __future__ import annotations
 
+import json
 import re
+import time
+from pathlib import Path
 
 import pytest
 
@@ -18,7 +21,7 @@ class StatusLines:
     """The latest value of every nblaunch status-line widget, across the cells run through ``run``."""
 
     def __init__(self, kernel):
-        self.kernel, self.values = kernel, {}
+        self.kernel, self.values, self.seen = kernel, {}, []
 
     def run(self, code: str, **kw):
         cell = self.kernel.run(code, **kw)
@@ -27,6 +30,7 @@ class StatusLines:
                 value = content.get("data", {}).get("state", {}).get("value")
                 if isinstance(value, str) and "<b>nblaunch" in value and "nblaunch-run-link" in value:
                     self.values[content["comm_id"]] = value
+                    self.seen.append(value)
         return cell
 
     def of(self, cell) -> str:
@@ -49,11 +53,22 @@ def test_a_run_is_named_shortly_and_linked_to_its_dashboard_with_the_log_folder_
     run_id, title, name = link.groups()
     assert run_id in title and "/" in title  # the log folder, on hover
     assert re.fullmatch(r"run \d\d:\d\d:\d\d", name)
+    # one name from one clock: the state file's start, which the sidebar and the dashboard tab name the run by
+    started = json.loads((Path(title.split("Logs: ", 1)[1]) / "state.json").read_text())["started"]
+    assert name == "run " + time.strftime("%H:%M:%S", time.localtime(started)), (name, started)
+    reported = kernel.run("import kernelside; print(repr(kernelside.last_report().started_at))").ok().stdout
+    assert float(reported) == started  # the very same instant, not a second apart at a tick
     visible = _visible(status)
     assert "/tmp" not in visible and run_id not in visible
     # sub-second as such ("0.14 s", not "00:00 elapsed"); a loaded machine may take a second or more: "1.2 s"
     assert re.search(r"· (0\.\d\d|\d\.\d) s ·", visible) and "00:00" not in visible, visible
     assert 'data-nblaunch-rank="1"' in status
+    # the kernel's first widget cell: JupyterLab's status bar reads Idle now, and the line says so while it runs
+    note = "The status bar may say Idle during a kernel's first widget cell: this cell is running."
+    assert any(note in v for v in lines.seen[:-1]) and note not in status, lines.seen
+    later = StatusLines(kernel)
+    later.run("%%distributed -n 2\ntime.sleep(1.5)\n").ok()  # (the status line is drawn again while it runs)
+    assert len(later.seen) > 1 and not any(note in v for v in later.seen)  # later cells read Busy: no note
 
 
 def test_a_failed_or_timed_out_run_says_how_it_ended_once_without_the_stop_boilerplate(kernel):

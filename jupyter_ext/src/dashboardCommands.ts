@@ -22,7 +22,8 @@ import {
   createDashboardWidget,
   DASHBOARD_PREFIX,
   dashboardWidgetId,
-  IDashboardActions
+  IDashboardActions,
+  showRankLog
 } from './dashboardView';
 import { listenToLinks } from './linkClicks';
 import { RUN_ID } from './logCommands';
@@ -62,6 +63,11 @@ export function addOpenDashboardCommand(
       );
       if (widget) {
         void tracker.add(widget);
+      }
+      const rank = Number(args.rank);
+      const shown = widget ?? tracker.find(w => w.id === dashboardWidgetId(run));
+      if (args.rank !== undefined && Number.isInteger(rank) && rank >= 0 && shown) {
+        showRankLog(shown, rank); // a cell's log link: that rank's log, in the dashboard's pane
       }
     }
   });

@@ -57,6 +57,8 @@ export interface IDashboardModel {
   /** The Stop button's label and hover text: a live session's Stop stops its running cell, or ends it. */
   stopLabel: string;
   stopTitle: string;
+  /** What Stop asks before it stops anything (it stops every rank). */
+  stopQuestion: IStopQuestion;
   /** The notebook's path as the server's file browser names it, or null (a script, an unknown kernel). */
   notebook: string | null;
   cell: number | null;
@@ -255,27 +257,64 @@ function startedText(seconds: number | null): string {
   return `${day} ${clock(seconds)}`;
 }
 
-/** What Stop does to this run, in the words of its button: a live session's Stop stops the running
- * cell (every rank keeps its state) and, between cells, ends the session. */
-export function stopButton(detail: { session?: boolean; state: string }): {
+/** What Stop does, asked once before it is sent: a title, what it will do, and the button that does it. */
+export interface IStopQuestion {
+  title: string;
+  body: string;
+  accept: string;
+}
+
+/** What Stop does to this run, in the words of its button and of the question it asks first: a live
+ * session's Stop stops the running cell (every rank keeps its state) and, between cells, ends the session. */
+export function stopButton(detail: {
+  session?: boolean;
+  state: string;
+  world_size?: number | null;
+  ranks?: unknown[];
+}): {
   stopLabel: string;
   stopTitle: string;
+  stopQuestion: IStopQuestion;
 } {
+  const n = detail.world_size ?? detail.ranks?.length ?? 0;
+  const every =
+    n > 2 ? `all ${n} ranks` : n === 2 ? 'both ranks' : n === 1 ? 'its one rank' : 'every rank';
   if (!detail.session) {
     return {
       stopLabel: 'Stop',
-      stopTitle: 'Stop this run: every rank is stopped, and the cell that runs it raises an error'
+      stopTitle: 'Stop this run: every rank is stopped, and the cell that runs it raises an error',
+      stopQuestion: {
+        title: 'Stop this run?',
+        body:
+          `This stops ${every} of the run (SIGTERM now, SIGKILL a second later). ` +
+          'What they have not saved is lost, and the cell that runs it raises LaunchStoppedError.',
+        accept: 'Stop every rank'
+      }
     };
   }
   if (detail.state === 'running') {
     return {
       stopLabel: 'Stop cell',
       stopTitle:
-        'Stop the running cell, as ■ does: every rank comes back to idle with its state, and the cell raises an error'
+        'Stop the running cell, as ■ does: every rank comes back to idle with its state, and the cell raises an error',
+      stopQuestion: {
+        title: 'Stop the running cell?',
+        body:
+          `This stops the cell on ${every}, as ■ does: each comes back to idle with the state it holds, ` +
+          'and the cell raises an error. The live session goes on.',
+        accept: 'Stop the cell'
+      }
     };
   }
   return {
     stopLabel: 'End session',
-    stopTitle: 'End this live session: every rank is stopped and the state they hold is gone'
+    stopTitle: 'End this live session: every rank is stopped and the state they hold is gone',
+    stopQuestion: {
+      title: 'End the live session?',
+      body:
+        `This stops ${every} of the session: the state they hold (models, variables) is gone. ` +
+        'The next %%distributed cell runs one-shot.',
+      accept: 'End the session'
+    }
   };
 }

@@ -10,7 +10,7 @@
  * the pointer is never replaced between press and release.
  */
 
-import { MainAreaWidget } from '@jupyterlab/apputils';
+import { Dialog, MainAreaWidget, showDialog } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -24,11 +24,11 @@ import {
 import { makeDashboardCharts } from './dashboardCharts';
 import { DashboardChartsView } from './dashboardChartsView';
 import { button, h } from './dom';
+import { LogPane } from './logView';
 import { RunsModel } from './runsModel';
 
 /** What the dashboard asks of the lab around it. */
 export interface IDashboardActions {
-  openLog(runId: string, rank: number): void;
   /** Show that cell of that notebook (opening the notebook if it is not open). */
   openCell(notebook: string, cell: number): void;
   /** A dashboard opened or closed: poll the runs while one is open (or the sidebar is shown). */
@@ -52,7 +52,7 @@ class DashboardContent extends Widget {
   ) {
     super();
     this.addClass('nblaunch-dashboard');
-    this._stop = button('Stop', () => void this._runs.stop(runId), {
+    this._stop = button('Stop', () => void this._askAndStop(), {
       class: 'jp-mod-warn nblaunch-dash-stop',
       title: 'Stop this run: every rank is stopped, and the cell that runs it raises an error'
     });
@@ -83,7 +83,9 @@ class DashboardContent extends Widget {
         { class: 'nblaunch-help nblaunch-dash-chart-help' },
         "The charts above and the figures here are sampled about once a second while the run is watched; steps per second come from each rank's progress bars. Hover a chart for every rank's value at that time."
       ),
-      this._stacks
+      this._stacks,
+      h('h3', { class: 'nblaunch-dash-subtitle' }, 'Log'),
+      this._log.node
     );
     this._unsubscribe = _runs.onChange(() => this.render());
     this.render();
@@ -92,6 +94,17 @@ class DashboardContent extends Widget {
   protected onAfterAttach(): void {
     void this._runs.watch(this.runId);
     this._actions.watchChanged();
+    this._log.start();
+  }
+
+  protected onBeforeDetach(): void {
+    this._log.stop();
+  }
+
+  /** Show rank ``rank``'s log in the pane below the table (the table's Log buttons, a cell's log link). */
+  showLog(rank: number): void {
+    this._log.setRank(rank);
+    this._log.node.scrollIntoView({ block: 'nearest' });
   }
 
   dispose(): void {
@@ -99,6 +112,7 @@ class DashboardContent extends Widget {
       return;
     }
     this._unsubscribe();
+    this._log.stop();
     this._charts.dispose();
     this._runs.unwatch(this.runId);
     this._actions.watchChanged();
@@ -117,6 +131,7 @@ class DashboardContent extends Widget {
     const summary = this._runs.run(this.runId);
     const model = makeDashboardModel(summary ? { ...detail, ...summary } : detail);
     this._charts.update(makeDashboardCharts(detail));
+    this._model = model;
     this.onModel?.(model);
     this.node.dataset.state = model.state;
     setText(this._name, model.name);
@@ -135,6 +150,23 @@ class DashboardContent extends Widget {
     setText(this._stacksText, stacks ?? '');
     this._drawFacts(model);
     this._drawRanks(model);
+    this._log.setRanks(model.ranks.length);
+  }
+
+  /** Stop asks once, saying what it will do (it stops every rank); Cancel leaves the run alone. */
+  private async _askAndStop(): Promise<void> {
+    const question = this._model?.stopQuestion;
+    if (!question) {
+      return;
+    }
+    const answer = await showDialog({
+      title: question.title,
+      body: question.body,
+      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
+    });
+    if (answer.button.accept) {
+      await this._runs.stop(this.runId, 'dashboard');
+    }
   }
 
   /** Called with every model drawn (the tab's title follows the run's name). */
@@ -176,16 +208,28 @@ class DashboardContent extends Widget {
       this._rows.clear();
       this._body.replaceChildren();
       this._table.replaceChildren(
-        h('thead', {}, h('tr', {}, ...heads.map(name => h('th', { scope: 'col' }, name)))),
+        h(
+          'thead',
+          {},
+          h(
+            'tr',
+            {},
+            ...heads.map(name =>
+              h(
+                'th',
+                { scope: 'col', class: name === 'pid' ? 'nblaunch-dash-pid' : undefined },
+                name
+              )
+            )
+          )
+        ),
         this._body
       );
     }
     const rows = model.ranks.map(rank => {
       let row = this._rows.get(rank.rank);
       if (!row) {
-        row = new RankRow(rank.charts.length, model.gpu, () =>
-          this._actions.openLog(this.runId, rank.rank)
-        );
+        row = new RankRow(rank.charts.length, model.gpu, () => this.showLog(rank.rank));
         this._rows.set(rank.rank, row);
       }
       row.update(rank.rank, rank.pid, rank.state, rank.device, rank.charts);
@@ -205,6 +249,7 @@ class DashboardContent extends Widget {
   private _note = h('span', { class: 'nblaunch-run-note', role: 'status', hidden: true });
   private _facts = h('dl', { class: 'nblaunch-dash-facts' });
   private _charts = new DashboardChartsView();
+  private _log = new LogPane(this.runId, 0);
   private _table = h('table', { class: 'nblaunch-ranks nblaunch-dash-ranks' });
   private _body = h('tbody');
   private _stop: HTMLButtonElement;
@@ -212,6 +257,7 @@ class DashboardContent extends Widget {
   private _stacks: HTMLElement;
   private _stacksText = h('pre', { class: 'nblaunch-stacks-text' });
   private _factsKey = '';
+  private _model: IDashboardModel | null = null;
   private _headKey = '';
   private _rows = new Map<number, RankRow>();
   private _unsubscribe: () => void;
@@ -222,11 +268,13 @@ class RankRow {
   readonly node: HTMLTableRowElement;
 
   constructor(charts: number, gpu: boolean, openLog: () => void) {
-    this._texts = Array.from({ length: gpu ? 4 : 3 }, () => h('td'));
+    this._texts = Array.from({ length: gpu ? 4 : 3 }, (_, i) =>
+      h('td', { class: i === 1 ? 'nblaunch-dash-pid' : undefined })
+    );
     this._charts = Array.from({ length: charts }, () => new Spark());
     const log = button('Log', openLog, {
       class: 'nblaunch-rank-logs',
-      title: "Open this rank's log in a tab"
+      title: "Show this rank's log in the pane below"
     });
     this.node = h(
       'tr',
@@ -280,6 +328,14 @@ class Spark {
 function setText(node: HTMLElement, text: string): void {
   if (node.textContent !== text) {
     node.textContent = text; // the same text: the DOM is left alone (no flicker, no lost selection)
+  }
+}
+
+/** Show rank ``rank``'s log in a dashboard tab's log pane (a cell's log link lands there). */
+export function showRankLog(widget: Widget, rank: number): void {
+  const content = (widget as MainAreaWidget).content;
+  if (content instanceof DashboardContent) {
+    content.showLog(rank);
   }
 }
 

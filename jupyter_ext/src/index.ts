@@ -87,12 +87,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
       launchIcon,
       tracker,
       {
-        openLog: (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }),
         watchChanged: () => panel.watchRuns()
       },
       area === 'main' ? restorer : null // a side panel's dashboard is not brought back on reload
     );
-    listenToLogLinks((run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }));
+    // a cell's log link opens the run's dashboard at that rank's log (its pane has the rank switcher)
+    listenToLogLinks(
+      (run, rank) => void app.commands.execute(CommandIDs.openDashboard, { run, rank })
+    );
     // A cell that runs may start a launch: watch the run folders until it is done.
     NotebookActions.executionScheduled.connect((_, { cell }) => {
       panel.runs.cellStarted(cell.model.id);

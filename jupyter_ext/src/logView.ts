@@ -20,43 +20,111 @@ export function logWidgetId(runId: string, rank: number): string {
   return `nblaunch-log-${runId}-${rank}`;
 }
 
-class LogContent extends Widget {
+/**
+ * One rank's log as a pane: a rank switcher (when the run has more than one), a search box that shows only the
+ * lines containing its text, Follow (keep the newest line in view), the lines stamped with when the kernel
+ * received them, polled every second while the run is live. The log tab and the run's dashboard both show one.
+ *
+ * Example:
+ *   const pane = new LogPane(runId, 0);
+ *   parent.append(pane.node);
+ *   pane.setRanks(4);        // a switcher for ranks 0-3
+ *   pane.start();            // poll; pane.stop() when hidden
+ */
+export class LogPane {
+  readonly node = h('div', { class: 'nblaunch-log' });
+
   constructor(
     readonly runId: string,
-    readonly rank: number
+    public rank: number
   ) {
-    super();
-    this.addClass('nblaunch-log');
     this._search.addEventListener('input', () => this._render(true));
+    this._ranks.addEventListener('change', () => this.setRank(Number(this._ranks.value)));
+    this._follow.addEventListener('change', () => {
+      if (this._follow.checked) {
+        this._pre.scrollTop = this._pre.scrollHeight;
+      }
+    });
+    // scrolled up to read: Follow lets go; back at the end: it follows again
+    this._pre.addEventListener('scroll', () => {
+      const end = this._pre.scrollHeight - this._pre.scrollTop - this._pre.clientHeight < 24;
+      this._follow.checked = end;
+    });
+    this._ranks.hidden = true;
     this.node.append(
-      h('div', { class: 'nblaunch-log-bar' }, this._search, this._count),
+      h(
+        'div',
+        { class: 'nblaunch-log-bar' },
+        this._ranks,
+        this._search,
+        h('label', { class: 'nblaunch-log-follow' }, this._follow, 'Follow'),
+        this._count
+      ),
       this._status,
       this._pre
     );
-    this._follower = new LogFollower(query => fetchLog(runId, rank, query));
+    this._follower = this._newFollower();
   }
 
-  protected onAfterAttach(): void {
-    void this._poll();
+  /** A switcher for ranks 0 … count-1 (none for a single rank). */
+  setRanks(count: number): void {
+    if (count === this._ranks.options.length) {
+      return;
+    }
+    this._ranks.replaceChildren(
+      ...Array.from({ length: count }, (_, r) => h('option', { value: String(r) }, `rank ${r}`))
+    );
+    this._ranks.value = String(this.rank);
+    this._ranks.hidden = count < 2;
   }
 
-  protected onBeforeDetach(): void {
+  /** Show another rank's log (from its first lines on). */
+  setRank(rank: number): void {
+    if (rank === this.rank && this._started) {
+      return;
+    }
+    this.rank = rank;
+    this._ranks.value = String(rank);
+    this._follower = this._newFollower();
+    this._drawn = 0;
+    this._firstLine = undefined;
+    this._pre.replaceChildren();
+    this._status.textContent = 'Loading the log…';
+    if (this._started) {
+      this._stopTimer();
+      void this._poll();
+    }
+  }
+
+  start(): void {
+    this._started = true;
+    if (this._timer === null) {
+      void this._poll();
+    }
+  }
+
+  stop(): void {
+    this._started = false;
     this._stopTimer();
   }
 
-  dispose(): void {
-    this._stopTimer();
-    super.dispose();
+  private _newFollower(): LogFollower {
+    const rank = this.rank;
+    this.node.dataset.rank = String(rank);
+    return new LogFollower(query => fetchLog(this.runId, rank, query));
   }
 
   private async _poll(): Promise<void> {
     this._timer = null;
-    const pinned = this._pre.scrollHeight - this._pre.scrollTop - this._pre.clientHeight < 24;
+    const follower = this._follower;
     try {
-      if (await this._follower.poll()) {
+      if (await follower.poll()) {
+        if (follower !== this._follower) {
+          return; // switched to another rank meanwhile
+        }
         this._render(false);
-        if (pinned) {
-          this._pre.scrollTop = this._pre.scrollHeight; // follow the end unless the user scrolled up
+        if (this._follow.checked) {
+          this._pre.scrollTop = this._pre.scrollHeight; // the newest line in view
         }
       }
       this._status.textContent = this._statusText();
@@ -64,7 +132,7 @@ class LogContent extends Widget {
       this._status.textContent = `Cannot read the log: ${error instanceof Error ? error.message : String(error)}`;
       return;
     }
-    if (this._follower.live && this.isAttached && !this.isDisposed) {
+    if (follower === this._follower && follower.live && this._started) {
       this._timer = setTimeout(() => void this._poll(), POLL_MS);
     }
   }
@@ -105,7 +173,7 @@ class LogContent extends Widget {
     const times = f.kernelTimes
       ? 'times are when the kernel received each line'
       : 'times are when a line reached this tab';
-    return `rank${this.rank}.log of ${this.runId}, read-only, ${state}${earlier}; ${times}`;
+    return `rank${this.rank}.log, read-only, ${state}${earlier}; ${times}`;
   }
 
   private _stopTimer(): void {
@@ -125,10 +193,41 @@ class LogContent extends Widget {
   private _status = h('div', { class: 'nblaunch-log-status', role: 'status' }, 'Loading the log…');
   private _pre = h('pre', { class: 'nblaunch-log-text', tabindex: '0' });
   private _follower: LogFollower;
+  private _started = false;
+  private _ranks = h('select', { class: 'nblaunch-log-rank', 'aria-label': 'Rank' });
+  private _follow = h('input', {
+    type: 'checkbox',
+    checked: true,
+    'aria-label': 'Follow the newest line'
+  });
   private _timer: ReturnType<typeof setTimeout> | null = null;
   private _drawn = 0;
   private _matches = 0;
   private _firstLine: ILogLine | undefined;
+}
+
+class LogContent extends Widget {
+  constructor(runId: string, rank: number) {
+    super();
+    this.pane = new LogPane(runId, rank);
+    this.node.append(this.pane.node);
+    this.addClass('nblaunch-log-tab');
+  }
+
+  readonly pane: LogPane;
+
+  protected onAfterAttach(): void {
+    this.pane.start();
+  }
+
+  protected onBeforeDetach(): void {
+    this.pane.stop();
+  }
+
+  dispose(): void {
+    this.pane.stop();
+    super.dispose();
+  }
 }
 
 function lineNode(line: ILogLine, index: number, query: string): HTMLElement {

@@ -59,7 +59,11 @@ export const serverRunsBackend: IRunsBackend = {
     ]);
     return { ...detail, curves };
   },
-  stop: id => requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, { method: 'POST' }),
+  stop: (id, place) =>
+    requestAPI<IStopResponse>(`runs/${encodeURIComponent(id)}/stop`, {
+      method: 'POST',
+      body: { from: place }
+    }),
   stacks: id =>
     requestAPI<IStacksResponse>(`runs/${encodeURIComponent(id)}/stacks`, { method: 'POST' })
 };

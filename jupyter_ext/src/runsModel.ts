@@ -10,13 +10,21 @@
  *   model.shouldPoll();             // true while a run is live (or a cell was just started)
  */
 
-import { IRankInfo, IRunDetail, IRunSummary, IStacksResponse, IStopResponse } from './types';
+import {
+  IRankInfo,
+  IRunDetail,
+  IRunSummary,
+  IStackFrame,
+  IStacksResponse,
+  IStopResponse,
+  StopPlace
+} from './types';
 
 /** How the model reaches the server; the panel's implementation calls requestAPI. */
 export interface IRunsBackend {
   list(): Promise<IRunSummary[]>;
   detail(id: string): Promise<IRunDetail>;
-  stop(id: string): Promise<IStopResponse>;
+  stop(id: string, place: StopPlace): Promise<IStopResponse>;
   stacks(id: string): Promise<IStacksResponse>;
 }
 
@@ -121,12 +129,12 @@ export class RunsModel {
     this.details.delete(id);
   }
 
-  /** Ask the server to stop a run; a refusal's reason is kept as the run's note. */
-  async stop(id: string): Promise<void> {
+  /** Ask the server to stop a run, saying where Stop was pressed; a refusal's reason is kept as the run's note. */
+  async stop(id: string, place: StopPlace): Promise<void> {
     this.notes.set(id, `${STOPPING}…`);
     this._emit();
     try {
-      await this._backend.stop(id);
+      await this._backend.stop(id, place);
     } catch (error) {
       this.notes.set(id, `Not stopped: ${messageOf(error)}`);
     }
@@ -303,17 +311,32 @@ function messageOf(error: unknown): string {
 }
 
 /** Each rank's place and collective, then its own frames (innermost last), as the Stacks box shows them. */
-export function stacksText(answer: IStacksResponse): string {
-  return answer.ranks
-    .map(rank => {
-      if (!rank.answered) {
-        return `rank ${rank.rank}: ${rank.reason ?? 'no answer'}`;
-      }
-      const waits = rank.collective ? ` — waiting in torch.distributed.${rank.collective}()` : '';
-      const frames = (rank.frames ?? []).map(f => `    ${f.user ? '' : '· '}${f.where}`);
-      return [`rank ${rank.rank}: ${rank.where ?? 'no Python frame'}${waits}`, ...frames].join(
-        '\n'
-      );
-    })
-    .join('\n\n');
+export function stacksText(answer: IStacksResponse, now: number = Date.now() / 1000): string {
+  const taken = new Date((answer.taken ?? now) * 1000);
+  const clock = [taken.getHours(), taken.getMinutes(), taken.getSeconds()]
+    .map(n => String(n).padStart(2, '0'))
+    .join(':');
+  const head = `Taken at ${clock}, every rank at once; the run went on.`;
+  const ranks = answer.ranks.map(rank => {
+    if (!rank.answered) {
+      return `rank ${rank.rank}: ${rank.reason ?? 'no answer'}`;
+    }
+    const calling = rank.calling ? `, calling ${rank.calling}()` : '';
+    const waits = rank.collective ? `, waiting in torch.distributed.${rank.collective}()` : '';
+    const lines = [`rank ${rank.rank}: ${rank.where ?? 'no Python frame'}${calling}${waits}`];
+    if (rank.source) {
+      lines.push(`    ${rank.source}`);
+    }
+    // the frames around it, outermost first; the one named above is not repeated
+    const frames = rank.frames ?? [];
+    const at = frames.map(f => f.where).lastIndexOf(rank.where ?? '');
+    const show = (title: string, list: IStackFrame[]) =>
+      list.length ? [title, ...list.map(f => `    ${f.user ? '' : '· '}${f.where}`)] : [];
+    lines.push(
+      ...show('  called from:', at < 0 ? frames : frames.slice(0, at)),
+      ...show('  inside:', at < 0 ? [] : frames.slice(at + 1))
+    );
+    return lines.join('\n');
+  });
+  return [head, ...ranks].join('\n\n');
 }

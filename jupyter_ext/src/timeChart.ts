@@ -65,11 +65,10 @@ export function makeTimeChart(
   const xs = lines.flatMap(l => l.points.map(p => p[0]));
   const ys = lines.flatMap(l => l.points.map(p => p[1])).filter(isNumber);
   const xMin = xs.length ? Math.min(...xs) : 0;
-  const xMax = xs.length
-    ? Math.max(...xs, xMin + (axis === 'time' ? 10 : 1))
-    : axis === 'time'
-      ? 10
-      : 1;
+  // The axis ends at the newest sample (a run 0:05 old reads 0:00-0:05, its lines across the whole
+  // plot); only a single sample gets a span of its own, so that it is drawn at all.
+  const xNewest = xs.length ? Math.max(...xs) : xMin;
+  const xMax = xNewest > xMin ? xNewest : xMin + 1;
   const yHigh = ys.length ? Math.max(...ys) : 0;
   const yLow = ys.length ? Math.min(...ys) : 0;
   const format = formatterOf(unit);

@@ -203,6 +203,9 @@ export interface ILogChunk {
 }
 
 /** POST /nblaunch/runs/{id}/stop */
+/** Where Stop was pressed (the server's STOP_PLACES): the words after it name it. */
+export type StopPlace = 'dashboard' | 'sidebar' | 'panel';
+
 export interface IStopResponse {
   id: string;
   stopping: boolean;
@@ -227,10 +230,16 @@ export interface IRankStack {
   frames?: IStackFrame[];
   collective?: string | null;
   where?: string | null;
+  /** The text of the line the rank stands on, '' when unknown. */
+  source?: string;
+  /** The C function that line calls now ('sleep'), or null. */
+  calling?: string | null;
 }
 
 /** GET /nblaunch/runs/{id}/stacks */
 export interface IStacksResponse {
   id: string;
   ranks: IRankStack[];
+  /** When the ranks were asked, seconds since the epoch (null from an older kernel). */
+  taken?: number | null;
 }

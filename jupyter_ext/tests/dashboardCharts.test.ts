@@ -157,6 +157,31 @@ describe('axes', () => {
     expect(formatClock(3723)).toBe('1:02:03');
   });
 
+  it('ends the time axis at the newest sample, however young the run', () => {
+    // a run 5 s old whose first sample came 2 s in: the axis is 0:02-0:05, not a 10 s span squashing the lines left
+    const young = makeTimeChart(
+      'CPU',
+      'percent',
+      [
+        {
+          label: 'rank 0',
+          points: [
+            [2, 50],
+            [3, 60],
+            [5, 40]
+          ]
+        }
+      ],
+      'time'
+    );
+    expect(young.x.min).toBe(2);
+    expect(young.x.max).toBe(5);
+    expect(young.x.ticks.map(t => t.label).slice(-1)[0]).toBe('0:05');
+    expect(young.x.ticks.every(t => t.at <= 5)).toBe(true);
+    const one = makeTimeChart('CPU', 'percent', [{ label: 'rank 0', points: [[3, 50]] }], 'time');
+    expect(one.x.max).toBeGreaterThan(one.x.min); // a single sample is still drawn
+  });
+
   it('reads every line at the hovered sample and keeps gaps as gaps', () => {
     const chart = makeTimeChart(
       'CPU',

@@ -171,6 +171,20 @@ describe('sparkPath', () => {
 });
 
 describe('stopButton', () => {
+  it('asks once before Stop, saying it stops every rank and what becomes of the cell', () => {
+    const run = stopButton({ state: 'running', world_size: 4 }).stopQuestion;
+    expect(run.title).toBe('Stop this run?');
+    expect(run.body).toContain('This stops all 4 ranks of the run');
+    expect(run.body).toContain('raises LaunchStoppedError');
+    expect(run.accept).toBe('Stop every rank');
+    const cell = stopButton({ session: true, state: 'running', ranks: [{}, {}] }).stopQuestion;
+    expect(cell.body).toContain('stops the cell on both ranks');
+    expect(cell.body).toContain('The live session goes on');
+    const session = stopButton({ session: true, state: 'idle', world_size: 1 }).stopQuestion;
+    expect(session.title).toBe('End the live session?');
+    expect(session.body).toContain('This stops its one rank of the session');
+  });
+
   it("says what Stop does: the run; a live session's running cell; between cells, the session", () => {
     expect(stopButton({ state: 'running' }).stopLabel).toBe('Stop');
     const cell = stopButton({ session: true, state: 'running' });

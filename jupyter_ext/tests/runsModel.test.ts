@@ -76,8 +76,8 @@ class InMemoryServer implements IRunsBackend {
     return this.stacksAnswer;
   }
 
-  async stop(id: string) {
-    this.calls.push(`stop ${id}`);
+  async stop(id: string, place: string) {
+    this.calls.push(`stop ${id} from ${place}`);
     if (this.stopAnswer) {
       throw this.stopAnswer;
     }
@@ -141,7 +141,7 @@ describe('RunsModel', () => {
     );
     const model = new RunsModel(server);
     await model.refresh();
-    await model.stop('run-20250101-000001-a');
+    await model.stop('run-20250101-000001-a', 'dashboard');
     expect(model.notes.get('run-20250101-000001-a')).toBe(
       'Not stopped: run-20250101-000001-a has already ended (done): nothing to stop'
     );
@@ -152,8 +152,8 @@ describe('RunsModel', () => {
     server.runs = [summary('run-20250101-000001-a')];
     const model = new RunsModel(server);
     await model.refresh();
-    await model.stop('run-20250101-000001-a');
-    expect(server.calls).toEqual(['list', 'stop run-20250101-000001-a', 'list']);
+    await model.stop('run-20250101-000001-a', 'dashboard');
+    expect(server.calls).toEqual(['list', 'stop run-20250101-000001-a from dashboard', 'list']);
     expect(model.run('run-20250101-000001-a')?.state).toBe('stopped');
     expect(model.anyLive).toBe(false);
     expect(model.notes.has('run-20250101-000001-a')).toBe(false); // "Stopping…" is gone once it has
@@ -165,7 +165,7 @@ describe('RunsModel', () => {
     server.stop = async id => ({ id, stopping: true, message: 'stopping' }); // still live at the next list
     const model = new RunsModel(server);
     await model.refresh();
-    await model.stop('run-20250101-000001-a');
+    await model.stop('run-20250101-000001-a', 'dashboard');
     expect(model.notes.get('run-20250101-000001-a')).toBe('Stopping…');
   });
 
@@ -175,7 +175,7 @@ describe('RunsModel', () => {
     server.stop = async id => ({ id, stopping: true, message: 'stopping the running cell' });
     const model = new RunsModel(server);
     await model.refresh();
-    await model.stop('run-20250101-000001-a');
+    await model.stop('run-20250101-000001-a', 'dashboard');
     expect(model.notes.get('run-20250101-000001-a')).toBe('Stopping…'); // the cell still runs
     server.runs = [summary('run-20250101-000001-a', { session: true, state: 'idle' })];
     await model.refresh();
@@ -348,12 +348,15 @@ describe('formatting', () => {
 describe('Stacks', () => {
   const answer: IStacksResponse = {
     id: 'run-20250101-000001-a',
+    taken: new Date(2025, 0, 1, 18, 5, 12).getTime() / 1000,
     ranks: [
       {
         rank: 0,
         answered: true,
         where: 'cell In[3], line 4 in <module>',
         collective: null,
+        source: 'time.sleep(0.1)',
+        calling: 'sleep',
         frames: [
           {
             file: '<%%distributed cell In[3]>',
@@ -395,10 +398,17 @@ describe('Stacks', () => {
     await model.showStacks('run-20250101-000001-a');
     const text = model.stacks.get('run-20250101-000001-a') ?? '';
     expect(text).toBe(stacksText(answer));
-    expect(text).toContain('rank 1: train.py:9 in step — waiting in torch.distributed.barrier()');
-    expect(text).toContain('    · c10d:5300 in barrier');
+    expect(text.startsWith('Taken at 18:05:12, every rank at once; the run went on.\n\n')).toBe(
+      true
+    );
+    expect(text).toContain('rank 1: train.py:9 in step, waiting in torch.distributed.barrier()');
+    expect(text).toContain('  inside:\n    · c10d:5300 in barrier');
     expect(text).toContain('rank 2: rank 2 did not answer within 0.5 s (its process is stopped)');
-    expect(text.startsWith('rank 0: cell In[3], line 4 in <module>\n    cell In[3]')).toBe(true);
+    // each rank once: its place with the C function it calls and the line's text, the frame not repeated
+    expect(text).toContain(
+      'rank 0: cell In[3], line 4 in <module>, calling sleep()\n    time.sleep(0.1)\n\nrank 1'
+    );
+    expect(text.match(/cell In\[3\], line 4/g)).toHaveLength(1);
     model.hideStacks('run-20250101-000001-a');
     expect(model.stacks.has('run-20250101-000001-a')).toBe(false);
   });

@@ -25,6 +25,21 @@ def ema(ys: list[float], weight: float) -> list[float]:
     return out
 
 
+def is_noisy(ys: list[float], share: float = 0.1) -> bool:
+    """Whether smoothing helps: the series turns back on itself (its steps change sign) at more than ``share``
+    of its points, as a loss does. A schedule (a constant or warm-up-then-cosine learning rate, a step decay)
+    turns a few times at most: smoothing would only bend it.
+
+    Example::
+
+        >>> is_noisy([1.0, 0.5, 0.9, 0.4, 0.8, 0.3, 0.7, 0.2]), is_noisy([0.1 * i for i in range(8)])
+        (True, False)
+    """
+    steps = [b - a for a, b in zip(ys, ys[1:], strict=False) if b != a]
+    turns = sum(1 for a, b in zip(steps, steps[1:], strict=False) if (a > 0) != (b > 0))
+    return turns > share * len(ys)
+
+
 def finite(xs, ys):
     pairs = [(x, y) for x, y in zip(xs, ys, strict=True) if math.isfinite(y) and math.isfinite(x)]
     return [p[0] for p in pairs], [p[1] for p in pairs]

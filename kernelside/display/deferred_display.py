@@ -32,6 +32,10 @@ class DeferredRunDisplay:
         self.wanted = False
         self.t0 = time.monotonic()
 
+    def hold(self, widget) -> bool:
+        """The rank tabs are shown apart from a live cell's display (which may never be drawn)."""
+        return False
+
     def show(self) -> None:
         self.wanted = True  # the run has started: draw once there is something to see
 

@@ -39,6 +39,7 @@ from .chart_scales import (
     fmt_log,
     fmt_tick,
     fmt_value,
+    is_noisy,
     log_ticks,
     nice_ticks,
     span,
@@ -48,7 +49,10 @@ from .chart_scales import (
 COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#d67195")
 PANEL_H = 190  # one metric's panel, in px (its width is a share of the cell's)
 MIN_PANEL_W = 280  # below this the chart scrolls sideways rather than squeeze its labels
-TOP, BOTTOM = 30, 34  # plot area margins inside a panel (title above; ticks and 'step' below)
+# plot area margins inside a panel: the title (and readout) row, then the legend's row, then the plot, whose
+# top tick label sits below the legend (never on it); ticks and 'step' below
+TOP, BOTTOM = 44, 34
+LEGEND_Y = 33  # the legend's baseline: 11 px over the top tick label's (TOP + 4)
 PLOT_X, PLOT_W = 17.0, 80.0  # plot area, in percent of the panel's width (y tick labels on the left)
 GAP, COLUMNS = 10, 3
 VIEW = 1000.0  # the plot area's own coordinates, stretched to its size (lines keep their stroke width)
@@ -56,11 +60,16 @@ HOVER_BANDS = 100  # most hover bands per panel: enough to read values, little t
 SMOOTHING = (0.0, 0.6, 0.9, 0.99)  # TensorBoard's default is 0.6
 DEFAULT_SMOOTHING = 0.6
 MIN_TO_SMOOTH = 8  # fewer points than this are drawn as they are
+RAW_OPACITY = 0.5  # the raw line under the smoothed one: faint, yet seen on the dark theme's background too
 LOG_DECADES = 2.0  # positive values spanning this many decades (100x) are drawn on a log scale
 _SKIP = ("step", "rank")
 
 _STYLE = (
-    ".nbl-hit{fill:currentColor;fill-opacity:0}.nbl-hit:hover{fill-opacity:.1}"
+    ".nbl-hit{fill:currentColor;fill-opacity:0}"
+    ".nbl-rule{stroke:currentColor;stroke-opacity:.6;stroke-dasharray:3 3;pointer-events:none}"
+    ".nbl-readout{fill:currentColor;font-weight:bold;pointer-events:none}"
+    ".nbl-rule,.nbl-readout{visibility:hidden}.nbl-band:hover .nbl-rule,.nbl-band:hover .nbl-readout"
+    "{visibility:visible}.nbl-panel:has(.nbl-band:hover) .nbl-head{visibility:hidden}"
     ".nbl-ema{display:none}.nbl-ema-6{display:inline}"
     ".nbl-smoothing label{margin-left:.6em;cursor:pointer}.nbl-smoothing input{margin:0 .2em 0 0;vertical-align:-2px}"
     + "".join(
@@ -116,7 +125,7 @@ class MetricsChart:
         if len(curves) == 4:
             cols = 2  # 2 x 2 rather than 3 + 1
         rows = math.ceil(len(curves) / cols)
-        smoothable = any(len(ys) >= MIN_TO_SMOOTH for s in curves.values() for _, ys in s.values())
+        smoothable = any(_smooths(ys) for s in curves.values() for _, ys in s.values())
         control_h = 22 if final and smoothable else 0
         min_w = cols * MIN_PANEL_W + (cols - 1) * GAP
         values = _value_rows(singles, min_w) if singles else []
@@ -134,7 +143,8 @@ class MetricsChart:
             x = (i % cols) * share
             y = control_h + (i // cols) * (PANEL_H + GAP)
             parts.append(
-                f'<svg x="{x:.3f}%" y="{y}" width="{share:.3f}%" height="{PANEL_H}" overflow="visible">'
+                f'<svg class="nbl-panel" x="{x:.3f}%" y="{y}" width="{share:.3f}%" height="{PANEL_H}" '
+                'overflow="visible">'
                 f"{_panel(name, by_rank, COLORS[i % len(COLORS)], final)}</svg>"
             )
         for j, row in enumerate(values):
@@ -175,8 +185,8 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
     out = [
         '<rect x="0.5" y="0.5" width="99%" height="99%" fill="none" stroke="currentColor" stroke-opacity="0.15" '
         'rx="3"/>',
-        f'<rect x="8" y="9" width="10" height="10" rx="2" fill="{color}"/>' if single else "",
-        f'<text x="{24 if single else 8}" y="18" fill="currentColor" font-weight="bold">{title}'
+        f'<rect class="nbl-head" x="8" y="9" width="10" height="10" rx="2" fill="{color}"/>' if single else "",
+        f'<text class="nbl-head" x="{24 if single else 8}" y="18" fill="currentColor" font-weight="bold">{title}'
         f"{' (log scale)' if log else ''}</text>",
     ]
     if not all_y:
@@ -231,11 +241,12 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
         'fill-opacity="0.75">step</text>'
     )
     smoothed: dict = {}
+    legend: list[str] = []
     for k, rank in enumerate(ranks):
         xs, ys = finite_series[rank]
         c = color if single else COLORS[k % len(COLORS)]
-        smooth = len(ys) >= MIN_TO_SMOOTH
-        plot.append(_line(xs, ys, fx, fy, c, "nbl-raw", 0.35 if smooth else 1.0))
+        smooth = _smooths(ys)  # per panel and line: a schedule without noise is drawn as it is
+        plot.append(_line(xs, ys, fx, fy, c, "nbl-raw", RAW_OPACITY if smooth else 1.0))
         if smooth:
             weights = (w for w in SMOOTHING if w and (final or w == DEFAULT_SMOOTHING))
             for w in weights:
@@ -249,17 +260,24 @@ def _panel(name: str, by_rank: dict, color: str, final: bool) -> str:
             )
         if not single:
             label = f"rank {rank}" if rank is not None else "all"
-            out.append(
-                f'<rect x="{8 + k * 110}" y="{TOP - 9}" width="10" height="3" fill="{c}"/>'
-                f'<text x="{22 + k * 110}" y="{TOP - 4}" fill="currentColor" font-size="11">{label}: '
+            legend.append(
+                f'<rect x="{k * 110}" y="{LEGEND_Y - 5}" width="10" height="3" fill="{c}"/>'
+                f'<text x="{14 + k * 110}" y="{LEGEND_Y}" fill="currentColor" font-size="11">{label}: '
                 f"{fmt_value(by_rank[rank][1][-1])}</text>"
             )
-    plot.append(_hover_bands(name, finite_series, ranks, smoothed, fx))
+    if legend:  # from the plot's left edge: the y tick labels' column stays clear
+        out.append(f'<svg class="nbl-head" x="{PLOT_X:g}%" y="0" overflow="visible">{"".join(legend)}</svg>')
+    bands = _hover_bands(name, finite_series, ranks, smoothed, fx, ph)
     out.append(
         f'<svg x="{PLOT_X:g}%" y="{TOP}" width="{PLOT_W:g}%" height="{ph}" viewBox="0 0 {VIEW:g} {VIEW:g}" '
         f'preserveAspectRatio="none" overflow="visible">{"".join(plot)}</svg>'
     )
+    out.append(bands)  # over the plot, in the panel's own units: the readout's text is not stretched
     return "".join(out)
+
+
+def _smooths(ys: list[float]) -> bool:
+    return len(ys) >= MIN_TO_SMOOTH and is_noisy(ys)
 
 
 def _line(xs, ys, fx, fy, color: str, cls: str, opacity: float) -> str:
@@ -270,9 +288,10 @@ def _line(xs, ys, fx, fy, color: str, cls: str, opacity: float) -> str:
     )
 
 
-def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx) -> str:
-    """Invisible full-height bands, each with a ``<title>`` of the values at its step: the browser's own
-    tooltip, so it works in a stored notebook with no kernel and no script."""
+def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx, ph: float) -> str:
+    """Invisible full-height bands over the plot, one per step shown: hovering one draws a rule at its step
+    and writes every line's value there (raw and smoothed) at the top right of the panel, at once, by CSS alone
+    (``:hover``), so it works in a stored notebook with no kernel and no script; a ``<title>`` says it too."""
     xs = sorted({x for r in ranks for x in series[r][0]})
     if not xs:
         return ""
@@ -296,9 +315,12 @@ def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx) -> st
                 text += f" (smoothed {fmt_value(smoothed[r][DEFAULT_SMOOTHING][i])})"
             values.append(text if len(ranks) == 1 else f"rank {r}: {text}")
         tip = html.escape(f"{name} at step {fmt_value(x)}: " + ", ".join(values))
+        xp = PLOT_X + PLOT_W * fx(x)
         out.append(
-            f'<rect class="nbl-hit" x="{VIEW * left:.1f}" y="0" width="{VIEW * max(right - left, 0.001):.1f}" '
-            f'height="{VIEW:g}"><title>{tip}</title></rect>'
+            f'<g class="nbl-band"><rect class="nbl-hit" x="{PLOT_X + PLOT_W * left:.2f}%" y="{TOP}" '
+            f'width="{PLOT_W * max(right - left, 0.001):.2f}%" height="{ph}"><title>{tip}</title></rect>'
+            f'<line class="nbl-rule" x1="{xp:.2f}%" x2="{xp:.2f}%" y1="{TOP}" y2="{TOP + ph}"/>'
+            f'<text class="nbl-readout" x="8" y="18">{tip}</text></g>'
         )
     return "".join(out)
 

@@ -67,6 +67,18 @@ def fmt_elapsed(s: float) -> str:
 ENDED = {RunState.TIMEOUT: "timed out", RunState.INTERRUPTED: "interrupted (■)"}
 
 
+IDLE_NOTE = (
+    '<span class="nblaunch-idle-note" style="color: var(--jp-ui-font-color2, #666)">'
+    "The status bar may say Idle during a kernel's first widget cell: this cell is running.</span>"
+)
+
+
+def _widgets_before(w) -> bool:
+    """Whether this kernel has made an ipywidgets widget before (ipywidgets 8 keeps them in ``_instances``)."""
+    instances = getattr(getattr(getattr(w, "widgets", None), "widget", None), "_instances", None)
+    return True if instances is None else bool(instances)
+
+
 def bar_text(state: dict) -> str:
     """' 37% 37/100 [00:03<00:05, 12.10it/s, loss=0.3]' from a progress event: tqdm's own meter, without the bar."""
     return tqdm_std.tqdm.format_meter(
@@ -90,6 +102,10 @@ class RunDisplay:
         self.w = w
         self.report = report
         self.scope = scope
+        # The kernel's first widget: JupyterLab 4.4+ opens a kernel subshell for its comm, and its status bar
+        # reads Idle for the rest of this cell (later cells read Busy). The kernel cannot change that: the
+        # status line says so while the cell runs (docs/guide/output.md).
+        self.first_widget = not _widgets_before(w)
         self.status = w.HTML(value="")
         self.bars_box = w.VBox([])
         self.chart = w.HTML(value="", layout=w.Layout(width="100%"))  # the chart follows the cell's width
@@ -112,6 +128,12 @@ class RunDisplay:
         self.ended: str | None = None  # set once the run is over: what the status line says instead of counts
         self.elapsed: float | None = None  # frozen when the run ends
         self.detail = ""  # a failed run's root cause, in one line
+
+    def hold(self, widget) -> bool:
+        """Show ``widget`` (the ``--output all`` rank tabs) under the bars, above the chart: the printed lines
+        stay in view while the cell runs, not pushed below a chart at a 720 px screen's bottom."""
+        self.box.children = (self.status, self.bars_box, widget, self.chart)
+        return True
 
     def show(self) -> None:
         from IPython.display import display
@@ -166,6 +188,7 @@ class RunDisplay:
             if error is not None and not st["closed"]:
                 entry["widget"].children[0].bar_style = "danger"
         self.elapsed = time.monotonic() - self.t0
+        self.first_widget = False  # the cell is over: the note on the status bar's Idle goes with it
         if error is not None:
             self.ended = ENDED.get(self.report.state, self.report.outcome)
             if self.report.state is RunState.FAILED:  # which rank and why, in one line (the error box has the rest)
@@ -230,7 +253,8 @@ class RunDisplay:
             )
             return
         state = html.escape(self.ended) if self.ended is not None else self._counts()
-        self.status.value = f"<b>nblaunch</b> {link} · {ranks}: {state} · {elapsed} · logs: {logs}"
+        idle = f"<br>{IDLE_NOTE}" if self.first_widget else ""
+        self.status.value = f"<b>nblaunch</b> {link} · {ranks}: {state} · {elapsed} · logs: {logs}{idle}"
 
     def _counts(self) -> str:
         counts = {state: 0 for state in RankState}  # in the enum's order: starting, running, ... done, failed

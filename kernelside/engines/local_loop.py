@@ -27,6 +27,7 @@ import selectors
 
 from .. import interrupts
 from ..channel import EventReader
+from ..run_contract import stopped_message
 from .local_bridge import EVENT_KINDS, NotebookBridge
 from .rank_reader import RankReader
 
@@ -80,7 +81,7 @@ class EventLoop:
             self.sel.register(pressed, selectors.EVENT_READ, (None, "interrupt"))
         control = recorder.observers.control
         if control is not None:  # the Runs view's Stop and stacks, served from this loop
-            control.attach(self.sel, recorder.stop_requested, self.stack_targets)
+            control.attach(self.sel, lambda place: recorder.stop_requested(stopped_message(place)), self.stack_targets)
         self.finished = False
 
     def stack_targets(self) -> list[tuple[int, int, str | None]]:

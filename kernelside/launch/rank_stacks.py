@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import json
 import os
 import re
 import stat
@@ -33,7 +34,7 @@ import time
 from ..private_dir import folder_fd, open_in
 from ..rank_place import cell_place, place_line
 from ..short_traceback import is_nblaunch_file
-from ..worker.stack_answer import ASK_SUFFIX, HEADER, stacks_path
+from ..worker.stack_answer import ASK_SUFFIX, DETAIL, HEADER, stacks_path
 
 ANSWER_TIMEOUT_S = 0.5
 MAX_FRAMES = 80  # per thread, innermost kept: a deep recursion must not make the answer huge
@@ -128,9 +129,11 @@ class StackRequest:
         """Wait (``timeout`` at most) for each asked rank's answer; ``{"ranks": [...]}`` ordered by rank.
 
         Each entry: ``rank``, ``answered``, and either ``frames`` (main thread, outermost first),
-        ``collective``, ``where``, ``threads`` (the other threads' frames), or ``reason``.
+        ``collective``, ``where``, ``source`` (its line's text), ``calling`` (the C function it calls, or
+        None), ``threads`` (the other threads' frames), or ``reason``; ``taken``: when they were asked (wall).
         ``label(filename, line)`` names a frame's place (the kernel maps cell files to ``In[N]``).
         """
+        taken = time.time()
         deadline = time.monotonic() + timeout
         texts: dict[int, str] = {}
         waiting = list(self.pending)
@@ -153,7 +156,7 @@ class StackRequest:
             else:
                 ranks.append({"rank": p.rank, "answered": False, "reason": _silence_reason(p, timeout)})
         ranks.sort(key=lambda r: r["rank"])
-        return {"ranks": ranks}
+        return {"ranks": ranks, "taken": taken}
 
 
 def remove_files(run_dir: str) -> None:
@@ -174,7 +177,15 @@ def parse_dump(text: str, main: str, label=None) -> dict:
     """faulthandler's text → the main thread's frames (outermost first), its collective, the other threads."""
     threads: dict[str, list[dict] | None] = {}
     current = None
+    detail: dict = {}
     for line in text.splitlines():
+        if line.startswith(DETAIL):  # the rank's own words on its main thread (worker/stack_answer.main_detail)
+            try:
+                detail = json.loads(line[len(DETAIL) :])
+            except ValueError:
+                detail = {}
+            detail = detail if isinstance(detail, dict) else {}
+            continue
         m = _THREAD.match(line)
         if m:
             # the answering thread ('Current thread') is nblaunch's, not the rank's: left out
@@ -189,7 +200,16 @@ def parse_dump(text: str, main: str, label=None) -> dict:
     user = [f for f in frames if f["user"]]
     where = user[-1]["where"] if user else (frames[-1]["where"] if frames else None)
     others = [{"thread": t, "frames": list(reversed(fs[:MAX_FRAMES]))} for t, fs in threads.items() if fs is not None]
-    return {"frames": frames, "collective": collective, "where": where, "threads": others}
+    source = detail.get("source") if isinstance(detail.get("source"), str) else ""
+    calling = detail.get("calling") if isinstance(detail.get("calling"), str) and not collective else None
+    return {
+        "frames": frames,
+        "collective": collective,
+        "where": where,
+        "source": source[:200],
+        "calling": calling[:100] if calling else None,
+        "threads": others,
+    }
 
 
 def describe(answer: dict) -> str:
@@ -199,7 +219,7 @@ def describe(answer: dict) -> str:
         if not r["answered"]:
             lines.append(f"rank {r['rank']}: {r['reason']}")
             continue
-        lines.append(place_line(r["rank"], r["where"], collective=r["collective"]))
+        lines.append(place_line(r["rank"], r["where"], collective=r["collective"], calling=r.get("calling")))
     return "\n".join(lines)
 
 

@@ -16,7 +16,7 @@ is non-blocking, a request over ``MAX_REQUEST_BYTES`` or a peer that sends nothi
 Example::
 
     >>> control = RunControl.listen(run_dir)                       # doctest: +SKIP
-    >>> control.register(selector, on_stop=lambda: True)           # doctest: +SKIP
+    >>> control.register(selector, on_stop=lambda place: True)          # doctest: +SKIP
     >>> # in the loop: key.data == (control, "control") -> control.on_ready(key.fd)
     >>> control.close()
 """
@@ -32,10 +32,10 @@ import threading
 
 from ..debugger.undebugged import undebugged
 from ..private_dir import folder_fd
-from ..run_contract import CONTROL_SOCKET  # the run folder's contract: the server connects by this name
+from ..run_contract import CONTROL_SOCKET, stopped_message  # the run folder's contract (the server connects by it)
 from . import rank_stacks
 
-STOPPED_MESSAGE = "the run was stopped from the launch panel (Stop): every rank was stopped and nothing is left running"
+STOPPED_MESSAGE = stopped_message()
 MAX_REQUEST_BYTES = 4096
 MAX_PENDING = 8  # connections that have not sent their request yet; beyond this the oldest is dropped
 
@@ -79,8 +79,8 @@ class RunControl:
         return cls(run_dir, listener)
 
     def register(self, sel: selectors.BaseSelector, on_stop, on_stacks=None) -> None:
-        """Serve requests from ``sel``'s loop; ``on_stop()`` returns True (or the reply's text) if it began
-        stopping the run;
+        """Serve requests from ``sel``'s loop; ``on_stop(place)`` returns True (or the reply's text) if it began
+        stopping the run (``place``: where Stop was pressed, ``run_contract.STOP_PLACES``, or None);
         ``on_stacks()`` returns the ranks to ask for stacks, [(rank, pid, how it ended or None)]."""
         self.sel, self.on_stop, self.on_stacks = sel, on_stop, on_stacks
         sel.register(self.listener, selectors.EVENT_READ, (self, "control"))
@@ -139,7 +139,8 @@ class RunControl:
         if op == "ping":
             return {"ok": True, "message": "the run is live"}
         if op == "stop":
-            began = self.on_stop()
+            place = request.get("from")
+            began = self.on_stop(place if isinstance(place, str) else None)
             if began:  # (a live session says what it stops: the running cell, or the session)
                 return {"ok": True, "message": began if isinstance(began, str) else self.stopping_message}
             return {"ok": True, "message": "the run is already stopping"}

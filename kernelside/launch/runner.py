@@ -146,7 +146,8 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         start_method=plan.start_method,  # (the engine says so in start() when it fell back)
         port=port or 0,
         log_dir=log_dir,
-        started_at=time.time(),
+        # the run's one clock: the state file's start (the sidebar's and the dashboard's name) names it in the cell too
+        started_at=tracker.writer.started if tracker is not None else time.time(),
         engine=plan.engine,
         return_all=req.return_all,
     )
@@ -185,7 +186,7 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
         engine.start(recorder)
         if display is not None:
             display.show()
-        if tabs is not None:
+        if tabs is not None and not (display is not None and display.hold(tabs.widget)):
             tabs.show()
         _watch(engine, recorder, plan.timeout, t_call)
     except KeyboardInterrupt as e:

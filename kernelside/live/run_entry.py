@@ -39,16 +39,30 @@ from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
 from ..launch.run_state import RunStateWriter, root_cause_line
 from ..launch.run_tracker import RunTracker
-from ..run_contract import FINAL_RUN_STATES, RunState, rank_log_name
+from ..run_contract import FINAL_RUN_STATES, RunState, rank_log_name, stop_place_words
 from ..short_traceback import error_line
 
 ENGINE = "local (live)"
-PANEL_STOPPED = (
-    "nblaunch: the live session was stopped from the launch panel (Stop): its ranks and their state are gone "
-    "and nothing is left running."
-)
+
+
+def panel_stopped(place: str | None = None) -> str:
+    """The session stopped by Stop between cells, naming where it was pressed (``run_contract.STOP_PLACES``)."""
+    return (
+        f"nblaunch: the live session was stopped from {stop_place_words(place)} (Stop): its ranks and their state "
+        "are gone and nothing is left running."
+    )
+
+
+PANEL_STOPPED = panel_stopped()
 NEXT_CELL = "The next %%distributed cell runs one-shot; start a new live session with %distributed_start."
-CELL_STOPPED = "the cell was stopped from the launch panel (Stop)"
+
+
+def cell_stopped(place: str | None = None) -> str:
+    """A live cell stopped by Stop (every rank kept its state), naming where Stop was pressed."""
+    return f"the cell was stopped from {stop_place_words(place)} (Stop)"
+
+
+CELL_STOPPED = cell_stopped()
 CELL_STOP_REPLY = (
     "stopping the running cell: every rank comes back to idle with its state; Stop between cells ends the live session"
 )
@@ -75,6 +89,7 @@ class LiveRunEntry(RunTracker):
         self.write_lock = threading.Lock()  # the daemon thread and the main thread both write
         self.stop_asked = threading.Event()  # Stop between cells: the session ends
         self.cell_stop = threading.Event()  # Stop during a cell: that cell stops, every rank keeps its state
+        self.stop_place: str | None = None  # where the last Stop was pressed (the words after it name it)
         self.cells = 0
         self.engine = None  # the request running now (a LiveRunEngine), None between requests
         self.begun = 0.0  # when it started (time.monotonic())
@@ -105,9 +120,9 @@ class LiveRunEntry(RunTracker):
         if rec is not None and not rec.stopping:
             if self.stop_asked.is_set():  # (it came as this request began: the session ends after it)
                 if rec.stop_requested():
-                    rec.note(PANEL_STOPPED.removeprefix("nblaunch: ") + " " + NEXT_CELL)
+                    rec.note(self.stopped_words().removeprefix("nblaunch: ") + " " + NEXT_CELL)
             elif self.cell_stop.is_set():  # the cell stops as after ■: every rank back to idle, state kept
-                rec.stop_requested(CELL_STOPPED, grace_s=None)
+                rec.stop_requested(cell_stopped(self.stop_place), grace_s=None)
         if self.engine is None or self.engine.req_id == 0:
             self._write(RunState.STARTING, throttle=True)
         elif time.monotonic() - self.begun >= SHOW_RUNNING_AFTER_S:
@@ -174,11 +189,16 @@ class LiveRunEntry(RunTracker):
             return []
         return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
-    def _on_stop(self) -> bool | str:
+    def stopped_words(self) -> str:
+        """'nblaunch: the live session was stopped from the run's dashboard (Stop): …'"""
+        return panel_stopped(self.stop_place)
+
+    def _on_stop(self, place: str | None = None) -> bool | str:
         """From the control socket: during a cell, stop that cell (the reply says so); between cells, the
-        session (True). False: a stop is under way already."""
+        session (True). False: a stop is under way already. ``place``: where Stop was pressed."""
         if self.stop_asked.is_set() or self.ended:
             return False
+        self.stop_place = place
         engine = self.engine
         if engine is not None and engine.req_id != 0:  # the main thread's tick turns it into the cell's Stop
             if self.cell_stop.is_set():
@@ -239,7 +259,7 @@ class LiveRunEntry(RunTracker):
         if final:
             out["ended"] = time.time()
             if state is RunState.STOPPED:
-                out["root_cause"] = PANEL_STOPPED.removeprefix("nblaunch: ")
+                out["root_cause"] = self.stopped_words().removeprefix("nblaunch: ")
             elif error is not None:
                 report = getattr(error, "report", None)
                 out["root_cause"] = (root_cause_line(report) if report is not None else None) or error_line(error)

@@ -35,13 +35,13 @@ from ..kernel_shell import call_in_kernel_thread, notebook_namespace
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, run_engine
-from ..run_contract import RunState
+from ..run_contract import RunState, stop_place_words
 from ..short_traceback import summary_line
 from . import registry
 from .names import NameSender
 from .request import LiveRequest, one_request_at_a_time
 from .request_engine import RESTARTED, LiveRunEngine
-from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
+from .run_entry import NEXT_CELL, LiveRunEntry
 from .world import Verdict, WorldFate, WorldState, world_plan
 from .worlds import make_world
 
@@ -122,7 +122,9 @@ class LiveSession:
             registry.set_current(None)
         display, self.start_display = self.start_display, None
         if display is not None:
-            how = "from the launch panel" if state is RunState.STOPPED else "by an error" if error is not None else ""
+            how = "by an error" if error is not None else ""
+            if state is RunState.STOPPED:
+                how = f"from {stop_place_words(self.runs.stop_place)}"
             text = f"session stopped {how}".rstrip() + "; nothing is left running"
             call_in_kernel_thread(functools.partial(display.session_ended, text))
 
@@ -194,7 +196,7 @@ class LiveSession:
     def _ensure_world(self) -> None:
         if self.runs.stop_asked.is_set():  # stopped from the launch panel between cells: refuse, once
             self._close(RunState.STOPPED)
-            raise LaunchError(f"{PANEL_STOPPED} This cell did not run. {NEXT_CELL}")
+            raise LaunchError(f"{self.runs.stopped_words()} This cell did not run. {NEXT_CELL}")
         if not self.world.up:
             raise LaunchError(STOPPED)
         if self.world.state is WorldState.BROKEN:  # a request before this one could not reach the ranks whole
@@ -239,7 +241,7 @@ class LiveSession:
             if self.runs.stop_asked.is_set() and self.world.up:  # Stop from the panel during this request
                 self._close(RunState.STOPPED)
         if self.runs.stop_asked.is_set():  # it came as the request ended: its outcome stands, the session is gone
-            self.err.write(f"{PANEL_STOPPED} {NEXT_CELL}\n")
+            self.err.write(f"{self.runs.stopped_words()} {NEXT_CELL}\n")
         return outcome
 
     def _act(self, verdict: Verdict, cause=None, what: str = "the new ranks of that restart") -> None:

@@ -23,12 +23,17 @@ Example::
 from __future__ import annotations
 
 import faulthandler
+import json
 import os
 import stat
+import sys
 import threading
 
 from ..run_contract import rank_stacks_name
+from ..short_traceback import is_nblaunch_file
+from .call_site import calling_of, source_line
 
+DETAIL = "nblaunch-detail "  # last line of an answer: the main thread's source line and the C function it calls
 HEADER = "nblaunch-stacks main=0x"  # first line of a rank's answer: which thread is its main thread, and its count
 ASK_SUFFIX = ".ask"  # rank<N>.stacks.ask: the FIFO a request is written into
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -106,6 +111,22 @@ class _Answerer:
             os.write(fd, header(self.main, self.answers).encode())
             if self.answers:
                 faulthandler.dump_traceback(fd, all_threads=True)  # the GIL is held: every other thread is still
+                os.write(fd, (DETAIL + json.dumps(main_detail(self.main)) + "\n").encode())
         finally:
             os.close(fd)
         os.replace(self.tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+
+
+def main_detail(main_ident: int) -> dict:
+    """What faulthandler's text lacks about the main thread: the source line of its innermost frame of the
+    user's code, and the function that frame calls when it calls C (``sleep``: no Python frame says so)."""
+    frame = sys._current_frames().get(main_ident)
+    innermost, source, calling = frame, "", None
+    while frame is not None:
+        path = frame.f_code.co_filename
+        if not (is_nblaunch_file(path) or any(p in path for p in ("/torch/", "-packages/", "/lib/python"))):
+            source = source_line(path, frame.f_lineno)
+            calling = calling_of(frame) if frame is innermost else None
+            break
+        frame = frame.f_back
+    return {"source": source, "calling": calling}

@@ -129,6 +129,10 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
         [x, y],
     )
     assert re.match(r"loss at step \d+: [\d.]+ \(smoothed [\d.]+\)", tip or ""), tip
+    values = re.compile(r"^loss at step \d+: [\d.]+ \(smoothed [\d.]+\)$")
+    readout = chart.locator(".nbl-readout").filter(has_text=values)
+    visible = readout.evaluate_all("ts => ts.filter(t => getComputedStyle(t).visibility === 'visible').length")
+    assert visible == 1, visible  # the hovered step's values, written on the panel at once
     cell.scroll_into_view_if_needed()
     snapshot(cell, "cell-status-and-chart.png")
 
@@ -138,9 +142,9 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
             f"svg => [...svg.querySelectorAll('.{cls}')].filter(e => getComputedStyle(e).display !== 'none').length"
         )
 
-    assert shown("nbl-ema-6") == 2 and shown("nbl-ema-9") == 0
+    assert shown("nbl-ema-6") == 1 and shown("nbl-ema-9") == 0  # the loss; the lr schedule is not smoothed
     cell.locator(".nbl-smoothing label", has_text=re.compile(r"^0\.9$")).click()
-    assert shown("nbl-ema-9") == 2 and shown("nbl-ema-6") == 0
+    assert shown("nbl-ema-9") == 1 and shown("nbl-ema-6") == 0
     snapshot(cell, "cell-chart-smoothing-0.9.png")
 
     report = page.locator(".jp-NotebookPanel .jp-Cell").nth(5)

@@ -81,4 +81,5 @@ def test_dashboard_names_the_slow_rank_and_charts_every_rank_with_axes_and_a_hov
     snapshot(page, "dashboard-curves-dark.png")
 
     dash.get_by_role("button", name="Stop", exact=True).click()
+    page.locator(".jp-Dialog").get_by_role("button", name="Stop every rank").click()
     expect(dash).to_have_attribute("data-state", "stopped", timeout=60_000)

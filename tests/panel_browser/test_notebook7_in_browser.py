@@ -71,7 +71,16 @@ def test_notebook7_runs_a_cell_and_each_entry_point_opens_its_dashboard_cell_or_
         dash = page.locator(".nblaunch-dashboard")
         expect(dash).to_be_visible()
         expect(dash.locator(".nblaunch-run-state")).to_have_text("running")
+        expect(dash.locator(".nblaunch-chart").first).to_be_visible()
+        # the right panel is narrow: charts and the ranks table fit its width (nothing cut off, no sideways scroll)
         snapshot(page, "notebook7-dashboard.png")
+        fit = dash.evaluate(
+            """d => ({width: d.clientWidth, scroll: d.scrollWidth,
+                cut: [...d.querySelectorAll('*')]
+                    .filter(e => e.getBoundingClientRect().right > d.getBoundingClientRect().right + 1)
+                    .map(e => e.className.baseVal ?? e.className)})"""
+        )
+        assert fit["cut"] == [] and fit["scroll"] <= fit["width"] + 1, fit
         link.click()  # the status line's run link shows the same dashboard, not a second one
         expect(dash).to_have_count(1)
 
@@ -81,15 +90,15 @@ def test_notebook7_runs_a_cell_and_each_entry_point_opens_its_dashboard_cell_or_
         active = page.locator(".jp-NotebookPanel .jp-Cell.jp-mod-active .jp-InputArea-editor")
         expect(active).to_contain_text("%%distributed -n 2")
 
-        # the status line's log link opens rank 0's log in the side panel
+        # the status line's log link opens rank 0's log beside the notebook
         page.locator(".jp-OutputArea-output a.nblaunch-log-link", has_text="rank 0").first.click()
-        expect(page.locator(".nblaunch-log", has_text="rank 0 step")).to_be_visible(timeout=60_000)
+        expect(page.locator(".nblaunch-log", has_text="rank 0 step").first).to_be_visible(timeout=60_000)
         snapshot(page, "notebook7-log-from-cell.png")
         link.click()
 
-        dash.locator(".nblaunch-rank-logs").nth(1).click()  # rank 1's log, from the dashboard
-        log = page.locator(".nblaunch-log", has_text="rank 1 step")
-        expect(log).to_be_visible(timeout=60_000)
+        dash.locator(".nblaunch-rank-logs").nth(1).click()  # rank 1's log, in the dashboard's pane
+        log = dash.locator('.nblaunch-log[data-rank="1"]')
+        expect(log.first).to_contain_text("rank 1 step", timeout=60_000)
         snapshot(page, "notebook7-log.png")
     finally:
         page.keyboard.press("Escape")

@@ -1,9 +1,10 @@
 """End to end: a notebook in a real JupyterLab and Debian's Chromium starts a 2-rank launch. At the
 default sidebar width the sidebar's runs list shows it with nothing cut off; its dashboard tab opens
 from the list, from the palette and from the run's name in the cell's status line, shows both ranks
-(pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log tab
-(named after run and rank) follows the run and searches it; Stop in the dashboard ends the run, the
-cell shows the stopped-from-the-panel error, no process of the run is left, and the dashboard comes
+(pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log in the
+dashboard's pane (rank switcher, Follow, search; a cell's log link lands there) follows the run; Stop asks
+once, ends the run, and the cell and dashboard say it was stopped from the dashboard; no process of the run
+is left, and the dashboard comes
 back after a page reload."""
 
 from __future__ import annotations
@@ -122,12 +123,13 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         dash.get_by_role("button", name="Hide stacks").click()
         expect(stacks).to_be_hidden()
 
-        # rank 1's output never reaches the cell: its log tab, named after run and rank, follows the run
+        # rank 1's output never reaches the cell: its Log button shows it in the dashboard's log pane, following
         ranks.nth(1).get_by_role("button", name="Log").click()
-        log_tab = page.locator(f"#nblaunch-log-{run_id}-1")
+        log_tab = dash.locator(".nblaunch-log")
+        expect(log_tab).to_have_attribute("data-rank", "1")
         log = log_tab.locator(".nblaunch-log-text")
-        expect(_tab(page, f"{name} · rank 1")).to_have_count(1)
         expect(log).to_contain_text("rank 1 working on step")
+        expect(log_tab.get_by_label("Follow the newest line")).to_be_checked()
         expect(log_tab.locator(".nblaunch-log-status")).to_contain_text("following")
         seen = _max_step(log.inner_text(), 1)
         expect(log).to_contain_text(f"rank 1 working on step {seen + 5}", timeout=30_000)
@@ -143,11 +145,18 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         expect(shown).not_to_have_count(matches, timeout=30_000)  # new matching lines keep arriving
         snapshot(page, "dashboard-log.png")
         log_tab.locator(".nblaunch-log-search").fill("")
+        # the rank switcher: another rank's log in the same pane
+        log_tab.locator("select.nblaunch-log-rank").select_option("0")
+        expect(log_tab).to_have_attribute("data-rank", "0")
+        expect(log).to_contain_text("rank 0 working on step")
+        expect(log).not_to_contain_text("rank 1 working")
 
-        # the status line's log link in the cell opens rank 0's log
+        # the status line's log link in the cell lands in the dashboard's pane, at that rank
         _tab(page, "train.ipynb").click()
-        page.locator('a.nblaunch-log-link[data-nblaunch-rank="0"]').first.click()
-        expect(page.locator(f"#nblaunch-log-{run_id}-0 .nblaunch-log-text")).to_contain_text("rank 0 working")
+        page.locator('a.nblaunch-log-link[data-nblaunch-rank="1"]').first.click()
+        expect(dash).to_be_visible()
+        expect(log_tab).to_have_attribute("data-rank", "1")
+        expect(log).to_contain_text("rank 1 working on step")
 
         # the palette opens it too; opening it again shows the one tab rather than a second
         _tab(page, name).locator(".lm-TabBar-tabCloseIcon").click()
@@ -173,11 +182,26 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         )
         _tab(page, name).click()
 
-        # Stop, in the dashboard
+        # one name for the run, from one clock: the cell's status line, the sidebar and the dashboard tab
+        cell_link = page.locator(f'.jp-OutputArea-output a.nblaunch-run-link[data-nblaunch-run="{run_id}"]').first
+        expect(cell_link).to_have_text(name)
+        expect(run.locator(".nblaunch-run-when")).to_contain_text(f"started {name.split()[-1]}")
+        expect(_tab(page, name)).to_have_count(1)
+
+        # Stop, in the dashboard: it asks once, saying it stops every rank; Cancel leaves the run alone
         stop = dash.get_by_role("button", name="Stop", exact=True)
         expect(stop).to_be_visible()
-        t0 = time.monotonic()
         stop.click()
+        dialog = page.locator(".jp-Dialog")
+        expect(dialog).to_contain_text("Stop this run?")
+        expect(dialog).to_contain_text("This stops both ranks of the run")
+        snapshot(page, "dashboard-stop-question.png")
+        dialog.get_by_role("button", name="Cancel").click()
+        expect(dialog).to_have_count(0)
+        expect(dash.locator(".nblaunch-run-state")).to_have_text("running")
+        stop.click()
+        t0 = time.monotonic()
+        page.locator(".jp-Dialog").get_by_role("button", name="Stop every rank").click()
         expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
         assert time.monotonic() - t0 < 5.0  # < 2 s to stop, then the next poll on a loaded machine
         expect(stop).to_be_hidden()
@@ -186,9 +210,10 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         expect(panel.locator(f'.nblaunch-run[data-run-id="{run_id}"][data-state="stopped"]')).to_have_count(1)
         outputs = page.locator(".jp-NotebookPanel .jp-OutputArea-output")
         expect(outputs.filter(has_text="LaunchStoppedError")).to_have_count(1, timeout=30_000)
-        expect(outputs.filter(has_text="stopped from the launch panel")).not_to_have_count(0)
-        _tab(page, f"{name} · rank 1").click()
-        expect(page.locator(f"#nblaunch-log-{run_id}-1 .nblaunch-log-status")).to_contain_text("has ended")
+        # the words after Stop name where it was pressed, in the cell and in the dashboard
+        expect(outputs.filter(has_text="stopped from the run's dashboard (Stop)")).not_to_have_count(0)
+        expect(dash.locator(".nblaunch-dash-outcome")).to_contain_text("stopped from the run's dashboard")
+        expect(log_tab.locator(".nblaunch-log-status")).to_contain_text("has ended")
         assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         assert psutil.Process(kernel_pid).children(recursive=True) == []
 
@@ -247,8 +272,11 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     snapshot(page, "dashboard-live-running.png")
 
     stop.click()
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text("Stop the running cell?")
+    dialog.get_by_role("button", name="Stop the cell").click()
     expect(outputs.filter(has_text="LaunchStoppedError")).to_have_count(1, timeout=30_000)
-    expect(outputs.filter(has_text="the cell was stopped from the launch panel")).not_to_have_count(0)
+    expect(outputs.filter(has_text="the cell was stopped from the run's dashboard")).not_to_have_count(0)
     expect(outputs.filter(has_text="every rank kept its state")).not_to_have_count(0)
     expect(dash.locator(".nblaunch-run-state")).to_have_text("idle", timeout=10_000)
     expect(stop).to_have_text("End session")
@@ -256,9 +284,11 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     snapshot(page, "dashboard-live-idle.png")
 
     stop.click()
+    expect(dialog).to_contain_text("End the live session?")
+    dialog.get_by_role("button", name="End the session").click()
     expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
     expect(stop).to_be_hidden()
     start_cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(1)
     _tab(page, "live.ipynb").click()
-    expect(start_cell).to_contain_text("session stopped from the launch panel; nothing is left running")
+    expect(start_cell).to_contain_text("session stopped from the run's dashboard; nothing is left running")
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]

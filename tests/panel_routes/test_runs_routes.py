@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
-from harness import REPO, fetch, forge_run, state_of, wait_until, wait_until_async
+from forged_nvml import ForgedNvml
+from harness import REPO, fetch, fetch_json, forge_run, state_of, wait_until, wait_until_async
 
 from jupyter_ext.rank_resources import is_that_process, proc_start_time
+from kernelside import nvml_devices
 from kernelside.run_contract import log_times_record
 
 OWNER = Path(__file__).with_name("run_owner.py")
@@ -87,6 +89,32 @@ async def test_run_detail_shows_both_ranks_with_pid_state_cpu_and_memory(jp_fetc
     assert not any(k.startswith("gpu_") for r in second["ranks"] for k in r)  # no NVML here: no GPU fields
 
 
+async def test_with_a_gpu_each_rank_carries_its_gpu_memory_and_utilisation_over_time(
+    jp_fetch, run_base, owner, monkeypatch
+):
+    # NVML as a machine with two GPUs answers it: rank 0 on GPU 0 (NVML samples its processes), rank 1 on
+    # GPU 1 (per-process sampling not supported there: the GPU's own utilisation stands for it)
+    pid0, pid1 = (r["pid"] for r in state_of(run_base)["ranks"])  # (the server asks NVML once, at its first look)
+    forged = ForgedNvml(
+        {0: [(pid0, 3 * 2**30, 87), (999_999, 2**30, 5)], 1: [(pid1, 1536 * 2**20, 12)]},
+        process_util={0: True},
+        device_util={1: 40},
+    )
+    monkeypatch.setitem(nvml_devices._nvml_state, "module", forged)
+    monkeypatch.setitem(nvml_devices._nvml_state, "tried", True)
+    for _ in range(2):
+        _, detail = await fetch(jp_fetch, owner.run_id)
+    r0, r1 = detail["ranks"]
+    assert (r0["gpu_index"], r0["gpu_memory_bytes"], r0["gpu_util_percent"]) == (0, 3 * 2**30, 87.0)
+    assert (r1["gpu_index"], r1["gpu_memory_bytes"], r1["gpu_util_percent"]) == (1, 1536 * 2**20, 40)
+    assert forged.asked == 2  # sampled on each request, not cached
+    history = detail["history"]["ranks"]
+    assert history["0"]["gpu_memory_bytes"][-2:] == [3 * 2**30, 3 * 2**30]  # the charts' lines over time
+    assert history["1"]["gpu_util_percent"][-1] == 40
+    # another user's process on the same GPU (pid 999999) is no rank of this run: never shown
+    assert all(r["pid"] != 999_999 for r in detail["ranks"])
+
+
 async def test_run_detail_carries_each_ranks_figures_over_time_one_entry_per_request(jp_fetch, run_base, owner):
     for _ in range(3):
         _, detail = await fetch(jp_fetch, owner.run_id)
@@ -140,14 +168,19 @@ async def test_log_lines_take_the_time_of_the_first_record_at_or_past_their_end(
 async def test_stop_ends_a_live_run_within_2s_and_its_owner_raises_the_panel_error(jp_fetch, run_base, owner):
     _, before = await fetch(jp_fetch, owner.run_id)
     pids = [(r["pid"], r["pid_start"]) for r in before["ranks"]]
+    code, bad = await fetch(jp_fetch, owner.run_id, "stop", method="POST", body={"from": "terminal"})
+    assert code == 400 and "\"from\" is 'terminal'" in bad["message"] and "'dashboard'" in bad["message"]
+    code, bad = await fetch_json(jp_fetch, "runs", owner.run_id, "stop", method="POST", body='"dashboard"')
+    assert code == 400 and "must be a JSON object, got str" in bad["message"]  # not a 500
     t0 = time.monotonic()
-    code, answer = await fetch(jp_fetch, owner.run_id, "stop", method="POST")
+    code, answer = await fetch(jp_fetch, owner.run_id, "stop", method="POST", body={"from": "dashboard"})
     assert code == 200 and answer["stopping"] is True
     await wait_until_async(lambda: state_of(run_base)["state"] == "stopped", timeout=10, what="stopped")
     assert time.monotonic() - t0 < 2.0
     await wait_until_async(lambda: owner.process.poll() is not None, timeout=10, what="the owner to return")
     assert owner.process.returncode == 3
-    assert "STOPPED: LaunchStoppedError: nblaunch: the run was stopped from the launch panel" in owner.output()
+    # the words after Stop name where it was pressed
+    assert "LaunchStoppedError: nblaunch: the run was stopped from the run's dashboard (Stop)" in owner.output()
     assert not any(is_that_process(pid, start) for pid, start in pids), "a rank outlived Stop"
     code, runs = await fetch(jp_fetch)
     assert runs[0]["state"] == "stopped" and runs[0]["can_stop"] is False
