@@ -36,6 +36,7 @@ class LiveRequest:
     output: str | None = None  # the per-cell settings (notebook.magic_flags: the flags a live cell applies)
     progress: str | None = None
     timeout: float | None = None
+    debug_of: int | None = None  # %debug: pdb in the frame where cell ``debug_of`` failed on the one rank asked
 
     def chosen_ranks(self, world_size: int) -> tuple[int, ...]:
         """The ranks it runs on; a rank (or ``return_from`` rank) the world lacks is an error, and nothing runs."""
@@ -48,6 +49,8 @@ class LiveRequest:
 
     def message(self, req_id: int, progress: str) -> bytes:
         """The message every rank reads; what cannot be pickled is an error, and nothing runs."""
+        if self.debug_of is not None:
+            return pickle.dumps({"kind": "debug", "id": req_id, "of": self.debug_of}, protocol=5)
         try:
             body = {
                 "kind": "run" if self.fn is not None else "push",
@@ -65,7 +68,9 @@ class LiveRequest:
             ) from None
 
     def plan_for(self, plan, ranks: tuple[int, ...]):
-        """The session's plan with this request's output, progress and timeout."""
+        """The session's plan with this request's output, progress and timeout (%debug: every line, no limit)."""
+        if self.debug_of is not None:
+            return dataclasses.replace(plan, output="all", timeout=None)
         output = self.output
         if output is None:
             output = plan.output if (0 in ranks or plan.output != "rank0") else "all"
@@ -73,7 +78,13 @@ class LiveRequest:
             plan, output=output, progress=self.progress or plan.progress, timeout=self.timeout or plan.timeout
         )
 
+    def render(self, default: str) -> str:
+        """How its output is shown: a pdb conversation with one rank is its lines in the cell, nothing drawn."""
+        return "text" if self.debug_of is not None else default
+
     def label(self, req_id: int) -> str:
+        if self.debug_of is not None:
+            return f"live session, %debug of cell {self.debug_of}"
         return f"live session, cell {req_id}" if self.fn is not None else "live session, push"
 
 

@@ -189,6 +189,13 @@ class LiveRunEntry(RunTracker):
             return []
         return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
+    def ended_words(self, state: RunState, error: BaseException | None) -> str:
+        """The start cell's last status line: 'session stopped from the run's dashboard (Stop); nothing is left running'."""
+        how = "by an error" if error is not None else ""
+        if state is RunState.STOPPED:
+            how = f"from {stop_place_words(self.stop_place)}"
+        return f"session stopped {how}".rstrip() + "; nothing is left running"
+
     def stopped_words(self) -> str:
         """'nblaunch: the live session was stopped from the run's dashboard (Stop): …'"""
         return panel_stopped(self.stop_place)

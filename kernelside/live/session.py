@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import functools
 import itertools
-import pickle
 import sys
 import threading
 
@@ -35,7 +34,7 @@ from ..kernel_shell import call_in_kernel_thread, notebook_namespace
 from ..launch.request import LaunchOutcome, LaunchRequest
 from ..launch.run_dir import run_log_dir
 from ..launch.runner import keeping_last_report, run_engine
-from ..run_contract import RunState, stop_place_words
+from ..run_contract import RunState
 from ..short_traceback import summary_line
 from . import registry
 from .names import NameSender
@@ -122,11 +121,7 @@ class LiveSession:
             registry.set_current(None)
         display, self.start_display = self.start_display, None
         if display is not None:
-            how = "by an error" if error is not None else ""
-            if state is RunState.STOPPED:
-                how = f"from {stop_place_words(self.runs.stop_place)}"
-            text = f"session stopped {how}".rstrip() + "; nothing is left running"
-            call_in_kernel_thread(functools.partial(display.session_ended, text))
+            call_in_kernel_thread(functools.partial(display.session_ended, self.runs.ended_words(state, error)))
 
     def restart_world(self) -> None:
         """Called when the world cannot go on: the old ranks are gone at once, new ones start."""
@@ -216,6 +211,7 @@ class LiveSession:
             self.err.write(note + "\n")
         plan = request.plan_for(self.plan, ranks)
         engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=request.label(req_id))
+        engine.render = request.render(engine.render)
         del blob
         try:
             return self._run(engine, LaunchRequest(fn=request.fn, return_all=True), plan)
@@ -271,15 +267,8 @@ class LiveSession:
     def post_mortem(self, rank: int, of: int) -> None:
         """``%debug`` after cell ``of`` failed: pdb in ``rank``'s frame of it, answered in the cell; ``q`` returns."""
         self._ensure_world()
-        req_id = next(self.ids)
-        blob = pickle.dumps({"kind": "debug", "id": req_id, "of": of}, protocol=5)
-        plan = dataclasses.replace(self.plan, output="all", timeout=None)
-        engine = LiveRunEngine(
-            self, req_id, (rank,), blob=blob, timeout=None, label=f"live session, %debug of cell {of}"
-        )
-        engine.render = "text"  # a pdb conversation with one rank: its lines in the cell, no status line or rank tabs
         with keeping_last_report():  # %distributed_last stays the failed cell's report
-            self._run(engine, LaunchRequest(fn=None), plan)
+            self._request(LiveRequest(debug_of=of, ranks=(rank,)))
 
     # -- what it is ------------------------------------------------------------------------
     @property
