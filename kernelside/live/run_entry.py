@@ -190,7 +190,7 @@ class LiveRunEntry(RunTracker):
         return [(w.rank, w.pid, w.status.describe() if w.status else None) for w in group.workers]
 
     def ended_words(self, state: RunState, error: BaseException | None) -> str:
-        """The start cell's last status line: 'session stopped from the run's dashboard (Stop); nothing is left running'."""
+        """The start cell's last status line ('session stopped from the run's dashboard; nothing is left running')."""
         how = "by an error" if error is not None else ""
         if state is RunState.STOPPED:
             how = f"from {stop_place_words(self.stop_place)}"
