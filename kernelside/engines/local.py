@@ -23,6 +23,7 @@ from ..worker.lifecycle import RankSpec
 from ..worker.result_segments import SegmentFolder
 from ..worker.stack_answer import stacks_path
 from . import forkserver, warmup
+from ..debugger.kernel_proxy import ranks_debugger_address
 from .contract import Engine, launch_settings
 from .local_group import WorkerGroup
 from .local_loop import EventLoop
@@ -96,7 +97,8 @@ class LocalEngine(Engine):
 
     def specs(self) -> list[RankSpec]:
         plan, req = self.plan, self.req
-        launch = launch_settings(plan, self.render, req.return_all)
+        # (JupyterLab's debugger panel: ranks on this machine connect their debugger to the kernel)
+        launch = {**launch_settings(plan, self.render, req.return_all), "debugger": ranks_debugger_address()}
         extra = {"TORCHELASTIC_RESTART_COUNT": str(req.restart_count)}
         return [
             RankSpec.build(
