@@ -101,7 +101,11 @@ async def _ask_rank(message: dict, rank: int, adapters: RankAdapters) -> dict:
         return {**reply, "success": False, "message": str(e)}
     if command in ("continue", "next", "stepIn", "stepOut"):
         adapters.ids.forget(rank)
-    out = {**reply, "success": answer.get("success", False), "body": outward(command, answer.get("body"), rank, adapters.ids)}
+    out = {
+        **reply,
+        "success": answer.get("success", False),
+        "body": outward(command, answer.get("body"), rank, adapters.ids),
+    }
     if "message" in answer:
         out["message"] = answer["message"]
     return out
@@ -130,7 +134,9 @@ async def _rank_threads(adapters: RankAdapters) -> list[dict]:
             continue
         for t in (answer.get("body") or {}).get("threads", []):
             a.threads[t["id"]] = t.get("name")
-            threads.append({"id": adapters.ids.outward(a.rank, "thread", t["id"]), "name": thread_name(a.rank, t.get("name"))})
+            threads.append(
+                {"id": adapters.ids.outward(a.rank, "thread", t["id"]), "name": thread_name(a.rank, t.get("name"))}
+            )
     return threads
 
 

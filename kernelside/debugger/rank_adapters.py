@@ -210,6 +210,7 @@ class RankAdapters:
             else:
                 return
         for panel_id in self.ids.threads_of(a.rank):
-            self.publish({"type": "event", "event": "thread", "seq": 0, "body": {"reason": "exited", "threadId": panel_id}})
+            self.publish(
+                {"type": "event", "event": "thread", "seq": 0, "body": {"reason": "exited", "threadId": panel_id}}
+            )
         self.ids.forget(a.rank, kinds=("thread", "frame", "ref"))
-

@@ -17,13 +17,13 @@ import os
 import signal
 import socket
 
+from ..debugger.kernel_proxy import ranks_debugger_address
 from ..worker import tqdm_holders
 from ..worker.entry import RankStart
 from ..worker.lifecycle import RankSpec
 from ..worker.result_segments import SegmentFolder
 from ..worker.stack_answer import stacks_path
 from . import forkserver, warmup
-from ..debugger.kernel_proxy import ranks_debugger_address
 from .contract import Engine, launch_settings
 from .local_group import WorkerGroup
 from .local_loop import EventLoop
