@@ -92,3 +92,135 @@ def test_a_breakpoint_on_line_3_stops_both_ranks_with_their_rank_and_locals(debu
     assert cell.reply["status"] == "ok", cell.outputs
     assert k.run("here").result["text/plain"] == "[0, 10]"
     assert k.children() == []
+
+
+def stopped_thread_ids(d: KernelDebugger) -> set[int]:
+    return set(d.request("debugInfo")["body"]["stoppedThreads"])
+
+
+def test_a_breakpoint_reached_by_rank_1_only_stops_rank_1_and_its_spawned_rank_runs_debugpy(debugged):
+    k, d = debugged
+    code = (
+        "%%distributed -n 2 --start-method spawn --return-from all --return seen\n"
+        "import sys\n"
+        "seen = ('debugpy' in sys.modules, rank)\n"
+        "if rank == 1:\n"
+        "    only = 'one'\n"
+    )
+    source = set_breakpoints(d, code, [5])
+    cell = start(k, code)
+    ranks = stopped_ranks(d, 1)
+    try:
+        assert list(ranks) == ["rank 1"]
+        frame, local = frame_variables(d, ranks["rank 1"])
+        assert frame["line"] == 5 and local["rank"] == "1", (frame, local)
+        assert stopped_thread_ids(d) == {ranks["rank 1"]}  # rank 0 ran on past the cell
+    finally:
+        clear_breakpoints(d, source)
+        d.request("continue", {"threadId": ranks["rank 1"]})
+    k.wait(cell, 120)
+    assert cell.reply["status"] == "ok", cell.outputs
+    assert k.run("seen").result["text/plain"] == "[(True, 0), (True, 1)]"  # debugged: each rank's own debugpy
+    assert k.children() == []
+
+
+def test_next_steps_one_rank_while_the_other_stays_stopped(debugged):
+    k, d = debugged
+    code = "%%distributed -n 2 --return-from all --return walked\nwalked = rank + 100\nstep = walked * 2\ndone = step + 1\n"
+    source = set_breakpoints(d, code, [2])
+    cell = start(k, code)
+    ranks = stopped_ranks(d, 2)
+    try:
+        d.request("next", {"threadId": ranks["rank 0"]})
+        stepped = d.wait_event("stopped", where=lambda b: b["threadId"] == ranks["rank 0"] and b["reason"] == "step")
+        assert stepped["body"]["allThreadsStopped"] is False
+        frame0, local0 = frame_variables(d, ranks["rank 0"])
+        frame1, local1 = frame_variables(d, ranks["rank 1"])
+        assert (frame0["line"], local0["walked"]) == (3, "100"), (frame0, local0)
+        assert frame1["line"] == 2 and "walked" not in local1, (frame1, local1)
+    finally:
+        clear_breakpoints(d, source)
+        for thread in ranks.values():
+            d.request("continue", {"threadId": thread})
+    k.wait(cell, 120)
+    assert cell.reply["status"] == "ok", cell.outputs
+    assert k.run("walked").result["text/plain"] == "[100, 101]"
+
+
+def test_a_peer_in_a_collective_waits_for_a_rank_stopped_longer_than_its_group_timeout(debugged):
+    k, d = debugged
+    code = (
+        "%%distributed -n 2 --return-from all --return waited\n"
+        "import datetime, time, torch.distributed as dist\n"
+        "dist.init_process_group('gloo', timeout=datetime.timedelta(seconds=5))\n"
+        "t0 = time.monotonic()\n"
+        "if rank == 1:\n"
+        "    held = True\n"
+        "dist.barrier()\n"
+        "waited = time.monotonic() - t0\n"
+    )
+    source = set_breakpoints(d, code, [6])
+    cell = start(k, code)
+    ranks = stopped_ranks(d, 1)
+    try:
+        # rank 0 is in barrier meanwhile; a person looks at rank 1 for 20 s, four times the group timeout
+        with pytest.raises(TimeoutError):  # (a peer timing out would end the cell with an error first)
+            k.wait(cell, 20)
+    finally:
+        clear_breakpoints(d, source)
+        d.request("continue", {"threadId": ranks["rank 1"]})
+    k.wait(cell, 120)
+    assert cell.reply["status"] == "ok", cell.outputs
+    waited = eval(k.run("waited").result["text/plain"])
+    assert waited[0] >= 20, waited
+
+
+def test_an_uncaught_exception_stops_rank_1_in_its_frame_and_continuing_lets_the_launch_fail(debugged):
+    k, d = debugged
+    d.request("setExceptionBreakpoints", {"filters": ["uncaught"]})
+    code = "%%distributed -n 2\nvalue = rank * 7\nif rank == 1:\n    raise ValueError(f'boom {value}')\n"
+    cell = start(k, code)
+    try:
+        ranks = stopped_ranks(d, 1)
+        assert list(ranks) == ["rank 1"]
+        frame, local = frame_variables(d, ranks["rank 1"])
+        assert frame["line"] == 4 and local["value"] == "7", (frame, local)
+        info = d.request("exceptionInfo", {"threadId": ranks["rank 1"]})
+        assert "boom 7" in str(info["body"]), info
+        d.request("continue", {"threadId": ranks["rank 1"]})
+    finally:
+        d.request("setExceptionBreakpoints", {"filters": []})
+    k.wait(cell, 120)
+    assert cell.error is not None and "boom 7" in cell.error["evalue"] + str(cell.outputs), cell.outputs
+    assert k.children() == []
+
+
+def test_the_kernels_own_plain_cell_breakpoint_still_stops_with_ranks_debugged_beside_it(debugged):
+    k, d = debugged
+    plain = "a = 1\nb = a + 1\nc = b * 2\n"
+    source = set_breakpoints(d, plain, [2])
+    cell = start(k, plain)
+    stopped = d.wait_event("stopped", timeout=60)
+    thread = stopped["body"]["threadId"]
+    frames = d.request("stackTrace", {"threadId": thread})["body"]["stackFrames"]
+    clear_breakpoints(d, source)
+    d.request("continue", {"threadId": thread})
+    assert frames[0]["line"] == 2 and frames[0]["source"]["path"] == source
+    k.wait(cell, 60)
+    assert k.run("c").result["text/plain"] == "4"
+
+
+def test_switching_the_debugger_off_releases_stopped_ranks(debugged):
+    k, d = debugged
+    code = TWO_RANKS + "here = rank\nafter = here + 1\n"
+    set_breakpoints(d, code, [3])
+    cell = start(k, code)
+    stopped_ranks(d, 2)
+    d.stop()  # the switch turned off: the ranks run on, and their breakpoints are gone
+    try:
+        k.wait(cell, 120)
+        assert cell.reply["status"] == "ok", cell.outputs
+        assert k.run("here").result["text/plain"] == "[0, 1]"
+        assert k.children() == []
+    finally:
+        assert d.start()["isStarted"]  # (on again for what follows)

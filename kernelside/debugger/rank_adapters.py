@@ -101,6 +101,7 @@ class RankAdapters:
             a.conn.send("setBreakpoints", arguments, keep=False)
 
     def set_exception_breakpoints(self, arguments: dict) -> None:
+        arguments = for_ranks(arguments)
         with self.lock:
             self.exception_filters = arguments
             adapters = list(self.ranks.values())
@@ -214,3 +215,13 @@ class RankAdapters:
                 {"type": "event", "event": "thread", "seq": 0, "body": {"reason": "exited", "threadId": panel_id}}
             )
         self.ids.forget(a.rank, kinds=("thread", "frame", "ref"))
+
+
+def for_ranks(arguments: dict) -> dict:
+    """The panel's exception filters as a rank needs them. "uncaught": nblaunch itself catches what fails in a
+    rank (to report it to the kernel), so pydevd would never see it uncaught; what leaves the user's code
+    into nblaunch's frames is pydevd's "userUnhandled", the same moment, in the user's frame."""
+    filters = list(arguments.get("filters") or [])
+    if "uncaught" in filters and "userUnhandled" not in filters:
+        filters.append("userUnhandled")
+    return {**arguments, "filters": filters}
