@@ -210,17 +210,21 @@ def test_the_kernels_own_plain_cell_breakpoint_still_stops_with_ranks_debugged_b
     assert k.run("c").result["text/plain"] == "4"
 
 
-def test_switching_the_debugger_off_releases_stopped_ranks(debugged):
-    k, d = debugged
-    code = TWO_RANKS + "here = rank\nafter = here + 1\n"
-    set_breakpoints(d, code, [3])
-    cell = start(k, code)
-    stopped_ranks(d, 2)
-    d.stop()  # the switch turned off: the ranks run on, and their breakpoints are gone
+def test_switching_the_debugger_off_releases_stopped_ranks(tmp_path):
+    k = Kernel(cwd=str(tmp_path))  # (its own kernel: ipykernel's debugger does not start twice in one kernel)
     try:
+        d = KernelDebugger(k)
+        assert d.start()["isStarted"]
+        k.run("%load_ext kernelside").ok()
+        code = TWO_RANKS + "here = rank\nafter = here + 1\n"
+        set_breakpoints(d, code, [3])
+        cell = start(k, code)
+        stopped_ranks(d, 2)
+        d.stop()  # the switch turned off: the ranks run on, and their breakpoints are gone
         k.wait(cell, 120)
         assert cell.reply["status"] == "ok", cell.outputs
         assert k.run("here").result["text/plain"] == "[0, 1]"
         assert k.children() == []
+        k.run(code, timeout=120).ok()  # and the next launch runs undebugged
     finally:
-        assert d.start()["isStarted"]  # (on again for what follows)
+        k.shutdown()

@@ -27,6 +27,7 @@ from .rank_adapters import RELEASE, RankAdapters
 from .routes import ROUTES, Route, inward, outward, panel_id_of, thread_name
 
 ANSWER_TIMEOUT_S = 30.0
+RELEASE_TIMEOUT_S = 5.0
 
 # Global on purpose: a kernel process has one debugger, and the launches of its cells read this one.
 _installed: dict = {}
@@ -69,10 +70,15 @@ async def route(message: dict, original, adapters: RankAdapters) -> dict:
             return await original(message)
         return await _ask_rank(message, owner[0], adapters)
     if how is Route.RELEASE:
+        sent = []
         for a in adapters.forget_panel():
+            with contextlib.suppress(DapClosed):
+                sent.append((a.conn, a.conn.send(*RELEASE)))
+        deadline = time.monotonic() + RELEASE_TIMEOUT_S  # (one wait for all: a rank that cannot answer is dropped)
+        for conn, done in sent:
             with contextlib.suppress(DapClosed, TimeoutError):
-                await _answer(a.conn, a.conn.send(*RELEASE), 10.0)
-            a.conn.close()
+                await _answer(conn, done, max(deadline - time.monotonic(), 0.0))
+            conn.close()
         return await original(message)
     reply = await original(message)
     if how is Route.EVERY and command == "setBreakpoints":
