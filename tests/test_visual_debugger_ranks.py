@@ -126,7 +126,10 @@ def test_a_breakpoint_reached_by_rank_1_only_stops_rank_1_and_its_spawned_rank_r
 
 def test_next_steps_one_rank_while_the_other_stays_stopped(debugged):
     k, d = debugged
-    code = "%%distributed -n 2 --return-from all --return walked\nwalked = rank + 100\nstep = walked * 2\ndone = step + 1\n"
+    code = (
+        "%%distributed -n 2 --return-from all --return walked\n"
+        "walked = rank + 100\nstep = walked * 2\ndone = step + 1\n"
+    )
     source = set_breakpoints(d, code, [2])
     cell = start(k, code)
     ranks = stopped_ranks(d, 2)

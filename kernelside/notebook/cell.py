@@ -24,6 +24,7 @@ import types
 
 from ..debugger.cell_files import debugged_cell_file
 from ..errors import LaunchConfigError
+from ..kernel_shell import running_cell_text
 from ..worker.cell_values import CellValues
 from ..worker.context import current as current_worker
 from ..worker.results import unwrap_for_return
@@ -69,7 +70,9 @@ def _cell_error(message: str) -> LaunchConfigError:
 def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_names=()) -> CellProgram:
     """Check and compile the cell in the kernel; raise LaunchConfigError for what cannot run."""
     filename = f"<%%distributed cell {cell_label}>"
-    debugged = debugged_cell_file(body)  # JupyterLab's debugger on: the file its panel knows the cell by
+    debugged = debugged_cell_file(
+        body, running_cell_text()
+    )  # JupyterLab's debugger on: the file its panel knows the cell by
     if debugged is not None:
         filename, line_offset = debugged
     source = "\n" * line_offset + body
