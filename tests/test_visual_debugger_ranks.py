@@ -231,3 +231,30 @@ def test_switching_the_debugger_off_releases_stopped_ranks(tmp_path):
         k.run(code, timeout=120).ok()  # and the next launch runs undebugged
     finally:
         k.shutdown()
+
+
+def test_a_live_session_stops_on_breakpoints_across_cells_with_every_ranks_state_kept(debugged):
+    k, d = debugged
+    first = "%%distributed\nkept = rank + 5\nnext_line = kept\n"
+    second = "%%distributed --return-from all --return total\ntotal = kept * 2\nlast = total\n"
+    sources = [set_breakpoints(d, first, [3]), set_breakpoints(d, second, [3])]
+    k.run("%distributed_start -n 2", timeout=180).ok()
+    try:
+        for code, name, want in ((first, "kept", lambda r: r + 5), (second, "total", lambda r: (r + 5) * 2)):
+            cell = start(k, code)
+            ranks = stopped_ranks(d, 2)
+            try:
+                for label, thread in ranks.items():
+                    frame, local = frame_variables(d, thread)
+                    assert frame["line"] == 3 and local[name] == str(want(int(label.split()[1]))), (frame, local)
+            finally:
+                for thread in ranks.values():
+                    d.request("continue", {"threadId": thread})
+            k.wait(cell, 120)
+            assert cell.reply["status"] == "ok", cell.outputs
+        assert k.run("total").result["text/plain"] == "[10, 12]"
+    finally:
+        for source in sources:
+            clear_breakpoints(d, source)
+        k.run("%distributed_stop", timeout=120).ok()
+    assert k.children() == []
