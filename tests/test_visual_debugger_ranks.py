@@ -258,3 +258,38 @@ def test_a_live_session_stops_on_breakpoints_across_cells_with_every_ranks_state
             clear_breakpoints(d, source)
         k.run("%distributed_stop", timeout=120).ok()
     assert k.children() == []
+
+
+def test_a_breakpoint_in_a_notebook_function_stops_the_ranks_notebook_launcher_runs(debugged):
+    k, d = debugged
+    define = "def train(scale):\n    local_value = scale * 3\n    return local_value\n"
+    k.run(define).ok()
+    source = set_breakpoints(d, define, [3])
+    cell = start(k, "from kernelside import notebook_launcher\nnotebook_launcher(train, args=(2,), num_processes=2)")
+    ranks = stopped_ranks(d, 2)
+    try:
+        for thread in ranks.values():
+            frame, local = frame_variables(d, thread)
+            assert (frame["name"], frame["line"], local["local_value"]) == ("train", 3, "6"), (frame, local)
+    finally:
+        clear_breakpoints(d, source)
+        for thread in ranks.values():
+            d.request("continue", {"threadId": thread})
+    k.wait(cell, 120)
+    assert cell.result["text/plain"] == "6", cell.outputs
+
+
+def test_interrupt_while_ranks_are_stopped_in_the_debugger_ends_the_launch_with_nothing_left(debugged):
+    k, d = debugged
+    code = "%%distributed -n 2\nwaiting = rank\nnever = waiting\n"
+    source = set_breakpoints(d, code, [3])
+    cell = start(k, code)
+    try:
+        stopped_ranks(d, 2)
+        k.interrupt()
+        k.wait(cell, 120)
+    finally:
+        clear_breakpoints(d, source)
+    assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt", cell.outputs
+    assert k.children() == []
+    assert d.request("debugInfo")["body"]["stoppedThreads"] == []  # the ended ranks left the panel
