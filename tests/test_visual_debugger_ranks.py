@@ -293,3 +293,28 @@ def test_interrupt_while_ranks_are_stopped_in_the_debugger_ends_the_launch_with_
     assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt", cell.outputs
     assert k.children() == []
     assert d.request("debugInfo")["body"]["stoppedThreads"] == []  # the ended ranks left the panel
+
+
+def test_a_live_session_started_before_any_breakpoint_stops_once_one_is_set(debugged):
+    k, d = debugged
+    k.run("%distributed_start -n 2", timeout=180).ok()
+    try:
+        k.run("%%distributed\nbefore = rank * 3", timeout=120).ok()  # (undebugged: nothing set in the panel)
+        code = "%%distributed --return-from all --return later\nlater = before + 1\nafter_later = later\n"
+        source = set_breakpoints(d, code, [3])
+        cell = start(k, code)
+        ranks = stopped_ranks(d, 2)
+        try:
+            for label, thread in ranks.items():
+                _, local = frame_variables(d, thread)
+                assert local["later"] == str(int(label.split()[1]) * 3 + 1), local
+        finally:
+            clear_breakpoints(d, source)
+            for thread in ranks.values():
+                d.request("continue", {"threadId": thread})
+        k.wait(cell, 120)
+        assert cell.reply["status"] == "ok", cell.outputs
+        assert k.run("later").result["text/plain"] == "[1, 4]"
+    finally:
+        k.run("%distributed_stop", timeout=120).ok()
+    assert k.children() == []
