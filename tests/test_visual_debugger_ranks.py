@@ -98,10 +98,11 @@ def stopped_thread_ids(d: KernelDebugger) -> set[int]:
     return set(d.request("debugInfo")["body"]["stoppedThreads"])
 
 
-def test_a_breakpoint_reached_by_rank_1_only_stops_rank_1_and_its_spawned_rank_runs_debugpy(debugged):
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_a_breakpoint_reached_by_rank_1_only_stops_rank_1_and_the_rank_runs_debugpy(debugged, start_method):
     k, d = debugged
     code = (
-        "%%distributed -n 2 --start-method spawn --return-from all --return seen\n"
+        f"%%distributed -n 2 --start-method {start_method} --return-from all --return seen\n"
         "import sys\n"
         "seen = ('debugpy' in sys.modules, rank)\n"
         "if rank == 1:\n"
