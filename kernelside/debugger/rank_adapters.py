@@ -148,7 +148,7 @@ class RankAdapters:
             conn.name = f"rank {rank}"
             with self.lock:
                 old = self.ranks.get(rank)
-                self.ranks[rank] = adapter = RankAdapter(rank, conn)
+                self.ranks[rank] = RankAdapter(rank, conn)
                 holder["rank"] = rank
                 breakpoints = list(self.breakpoints.values())
                 filters = self.exception_filters
@@ -161,7 +161,6 @@ class RankAdapters:
             if filters is not None:
                 conn.request("setExceptionBreakpoints", filters, timeout=CONFIGURE_TIMEOUT_S)
             conn.request("configurationDone", timeout=CONFIGURE_TIMEOUT_S)  # the rank runs its code from here
-            del adapter
         except (DapClosed, TimeoutError, OSError):
             conn.close()
 
