@@ -96,8 +96,8 @@ readme-images:
 	@echo "copied $(README_IMAGES) into docs/"
 
 lint: venv
-	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench notebooks
-	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench notebooks
+	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench notebooks buildhooks
+	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench notebooks buildhooks
 
 test: venv frontend frontend-test lint
 	$(PY) -m pytest tests

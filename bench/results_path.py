@@ -9,7 +9,8 @@ back (``--return``), a cell that makes it and brings nothing back, and a pickle 
 (``pickle.loads(pickle.dumps(x))``) of the same object in the kernel. The cost of the way back is the
 difference of the two cells; the ratio is that over the round trip. Also the kernel's resident memory
 after the value arrived, over the value's size (one copy: about 1.0x), and what is left in /dev/shm.
-Cells alternate so that drift hits all alike.
+Cells alternate so that drift hits all alike. Then a tensor of the same size pushed into 2 and 8 live ranks
+(``%distributed_push``), the way into the ranks.
 
 Writes bench/results/results_path.md and prints it.
 """
@@ -78,6 +79,20 @@ def measure(k, make: str, n: int, runs: int) -> dict:
     return {key: statistics.median(v) for key, v in got.items()}
 
 
+def push(k, n: int, ranks: int, runs: int) -> float:
+    """Median seconds of ``%distributed_push`` of an ``n``-byte tensor (a new value each time) into live ranks."""
+    _timed(k, f"%distributed_start -n {ranks}")
+    try:
+        took = []
+        for i in range(runs):
+            _timed(k, f"big = torch.full(({n} // 4,), {i}.0)")
+            took.append(_timed(k, "%distributed_push big"))
+        _timed(k, "del big")
+        return statistics.median(took)
+    finally:
+        _timed(k, "%distributed_stop")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="a 64 MiB tensor, 2 runs")
@@ -100,6 +115,11 @@ def main() -> int:
             for name, k in kernels.items():
                 note(f"{what} ({name})")
                 rows.append((what, name, measure(k, make, size, runs)))
+        pushes = []
+        for ranks in (2,) if ns.quick else (2, 8):
+            for name, k in kernels.items():
+                note(f"push into {ranks} live ranks ({name})")
+                pushes.append((ranks, name, push(k, size, ranks, runs)))
         left = os.listdir(shm) if os.path.isdir(shm) else []
     finally:
         for k in kernels.values():
@@ -126,7 +146,17 @@ def main() -> int:
             f"| {what} | {name} | {m['back']:.3f} s | {m['kept']:.3f} s | {way:.3f} s | {m['pickle']:.3f} s "
             f"| {way / m['pickle']:.2f}x | {m['rss']:.2f}x the value |"
         )
-    lines.append(f"\nLeft in {shm} after the runs: {left or 'nothing'}.")
+    pickled = statistics.median(m["pickle"] for what, _, m in rows if what == "tensor")
+    lines += [
+        "",
+        f"`%distributed_push` of a {size >> 20} MiB tensor into live ranks (median of {runs}; a new value each time), "
+        "against the tensor's pickle round trip above:",
+        "",
+        "| live ranks | code | push | ratio |",
+        "|---|---|---|---|",
+        *(f"| {r} | {name} | {t:.3f} s | {t / pickled:.2f}x |" for r, name, t in pushes),
+    ]
+    lines.append(f"\nLeft in {shm} after the runs: {left or 'nothing'} (this user's: other kernels' included).")
     if orphans:
         lines.append(f"Left running after the kernels' shutdown (stopped by pid): {orphans}")
     text = "\n".join(lines)

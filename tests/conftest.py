@@ -41,6 +41,54 @@ def pytest_ignore_collect(collection_path, config):
     return True
 
 
+# --- the source tree is left as it was --------------------------------------------------------------------------
+SOURCE_TREE = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _tree_status() -> dict[str, str] | None:
+    """``git status`` of the source tree: path -> its status and the hash of what is there now (None outside git).
+    Ignored files (build/, test-artifacts/, .venv/) are not in it: tests may write there."""
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain=v1", "-z", "--untracked-files=all"],
+            cwd=SOURCE_TREE, capture_output=True, check=True, timeout=60,
+        ).stdout.decode()  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    entries = [e for e in out.split("\0") if len(e) > 3]
+    paths = {e[3:]: e[:2] for e in entries}
+    hashes = subprocess.run(
+        ["git", "hash-object", "--stdin-paths"], cwd=SOURCE_TREE, capture_output=True, text=True, timeout=60,
+        input="\n".join(p for p in paths if (SOURCE_TREE / p).is_file()),
+    ).stdout.split()  # fmt: skip
+    files = iter(hashes)
+    return {p: f"{code} {next(files) if (SOURCE_TREE / p).is_file() else 'gone'}" for p, code in paths.items()}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[_TREE_AT_START] = _tree_status()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """A test that wrote into the source tree (a tracked file changed, a file git does not ignore appeared) fails the
+    run: tests write to temporary folders, build/ or test-artifacts/ only, so a fresh clone stays clean."""
+    before = session.config.stash.get(_TREE_AT_START, None)
+    after = _tree_status() if before is not None else None
+    if before is None or after is None:
+        return
+    changed = sorted(p for p in set(before) | set(after) if before.get(p) != after.get(p))
+    if changed:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"the tests changed the source tree (git status): {', '.join(changed)}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+_TREE_AT_START = pytest.StashKey[dict | None]()
+
+
 # --- kernels ------------------------------------------------------------------------------------------------------
 KERNEL_MARK, PROCESSES_MARK, SERVER_MARK = "kernel", "processes", "server"
 KERNEL_FIXTURES = frozenset({"kernel_with", "new_kernel", "starts_kernels"})  # every kernel fixture asks one

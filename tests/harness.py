@@ -213,3 +213,15 @@ def forge_run(base: Path, name: str, state: dict | None, *, hold_lock: bool = Fa
         return d, fd
     os.close(fd)
     return d, None
+
+
+def answers(*values):
+    """A stdin answerer for ``kernel.run(..., stdin=...)``: the given replies in order, as a person would type them."""
+    replies = iter(values)
+    return lambda prompt, password: next(replies)
+
+
+def children(pid: int) -> set[int]:
+    """The pids of process ``pid``'s direct children, from /proc (what a cell started and left behind)."""
+    with open(f"/proc/{pid}/task/{pid}/children") as fh:
+        return {int(p) for p in fh.read().split()}

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from harness import children
 
 FAILING = "%%distributed -n 2\nx = 1\nraise ValueError('cell count check')\n"
 NBLAUNCH_FRAME = re.compile(r"kernelside[/\\]|site-packages[/\\]|selectors\.py")
@@ -19,11 +20,6 @@ def kernel(kernel_with):
 
 def _text(cell) -> str:
     return "\n".join(cell.error["traceback"]) if cell.error else ""
-
-
-def _children(pid: int) -> set[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as fh:
-        return {int(p) for p in fh.read().split()}
 
 
 def test_a_rank_traceback_names_the_cell_by_the_count_the_notebook_shows(kernel):
@@ -58,7 +54,7 @@ def _interrupt_when(kernel, marker: str):
 
 
 def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_naming_where_each_rank_was(kernel, tmp_path):
-    before = _children(kernel.pid)
+    before = children(kernel.pid)
     asleep = str(tmp_path / "rank1-asleep")  # rank 0 says "waiting" only once rank 1 is in its sleep (line 4)
     body = (
         "%%distributed -n 2\nimport os, time, torch.distributed as dist\nif rank == 1:\n"
@@ -73,7 +69,7 @@ def test_an_interrupt_is_a_short_keyboardinterrupt_without_nblaunch_frames_namin
     assert f"rank 1: cell In[{count}], line 4 in <module>" in text, text
     assert not NBLAUNCH_FRAME.search(text), text
     assert len(text.splitlines()) <= 6, text
-    assert _children(kernel.pid) <= before
+    assert children(kernel.pid) <= before
 
 
 def test_a_timeout_is_the_same_short_form_and_names_where_each_rank_was(kernel):

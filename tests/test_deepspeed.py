@@ -41,7 +41,8 @@ y = x.sum(1, keepdim=True)
 losses = []
 for step in range(8):
     lo = (step * world + rank) * 8
-    loss = torch.nn.functional.mse_loss(model(x[lo:lo + 8]), y[lo:lo + 8])
+    dtype = next(model.parameters()).dtype  # (fp16 DeepSpeed holds half weights: its inputs must be half too)
+    loss = torch.nn.functional.mse_loss(model(x[lo:lo + 8].to(dtype)).float(), y[lo:lo + 8])
     accelerator.backward(loss)
     optimizer.step()
     optimizer.zero_grad()
@@ -153,8 +154,12 @@ def test_a_deepspeed_plugin_written_in_the_cell_runs_deepspeed_on_cpu_ranks(work
 
 
 def fp16_config(tmp_path) -> str:
-    cfg = {**accelerate_config(2, 29743), "mixed_precision": "fp16"}
-    cfg["deepspeed_config"] = {"zero_stage": 2}
+    """ZeRO-2 in fp16 from a DeepSpeed JSON: the training code passes no dataloader, so the micro-batch size must be
+    written there (Accelerate's plugin keys cannot set it), and with a JSON Accelerate refuses ``mixed_precision`` in
+    its own config: fp16 is the JSON's ``fp16.enabled``, which nblaunch's refusal reads too."""
+    (tmp_path / "fp16.json").write_text(json.dumps({**ds_json(2), "fp16": {"enabled": True}}))
+    cfg = accelerate_config(2, 29743)
+    cfg["deepspeed_config"] = {"deepspeed_config_file": str(tmp_path / "fp16.json"), "zero3_init_flag": False}
     (tmp_path / "fp16.yaml").write_text(yaml.safe_dump(cfg))
     return str(tmp_path / "fp16.yaml")
 
@@ -196,7 +201,8 @@ def test_the_fp16_refusal_follows_the_cpus_answer_whichever_it_is(has_fp16_kerne
     values = resolve_config({}, config=fp16_config(tmp_path)).values
     if has_fp16_kernels:
         env = accelerate_env(values, use_cpu=True)
-        assert env["ACCELERATE_USE_DEEPSPEED"] == "true" and env["ACCELERATE_MIXED_PRECISION"] == "fp16"
+        assert env["ACCELERATE_USE_DEEPSPEED"] == "true"
+        assert env["ACCELERATE_DEEPSPEED_CONFIG_FILE"].endswith("fp16.json")
     else:
         with pytest.raises(LaunchConfigError, match=FP16_REFUSED):
             accelerate_env(values, use_cpu=True)

@@ -118,3 +118,36 @@ def test_every_gpu_test_module_imports_and_collects_without_a_gpu():
     modules = {line.split("::")[0] for line in run.stdout.splitlines() if "::" in line}
     expected = {f"tests/gpu/{f}" for f in os.listdir(gpu_dir) if f.startswith("test_") and f.endswith(".py")}
     assert modules == expected and len(expected) >= 6
+
+
+GPU_BENCHES = ("bench.gpu_launch", "bench.gpu_steady", "bench.gpu_ranks")
+
+
+@pytest.mark.parametrize("module", GPU_BENCHES)
+def test_every_gpu_benchmark_imports_without_a_gpu(module):
+    """A GPU bench that fails to import would cost the GPU machine's time: each one imports here."""
+    run = subprocess.run(
+        [sys.executable, "-c", f"import {module}"], cwd=REPO, capture_output=True, text=True, timeout=120, env=_env()
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_the_issue_34_gpu_benchmark_refuses_at_once_with_one_line_and_writes_nothing(tmp_path):
+    results = os.path.join(REPO, "bench", "results", "gpu_ranks.md")
+    before = os.path.getmtime(results) if os.path.exists(results) else None
+    t0 = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "bench.gpu_ranks", "--quick"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(),
+    )
+    assert run.returncode == 1 and run.stdout == ""
+    assert run.stderr.splitlines() == [
+        "no CUDA device: bench.gpu_ranks needs a GPU (bench.launch_ranks, live_ranks and results_path run without)"
+    ]
+    assert time.monotonic() - t0 < 60, "the refusal came only after other work"
+    after = os.path.getmtime(results) if os.path.exists(results) else None
+    assert after == before  # no figures written

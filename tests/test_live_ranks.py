@@ -99,7 +99,7 @@ def test_rank_error_while_peer_waits_in_barrier_returns_within_5s_and_every_rank
     assert elapsed < 8, elapsed  # (1 s of it is rank 1's own sleep; bench.live_recovery times the rest)
     assert "rank 1 failed: ValueError: rank 1 broke" in text and "line 4" in text
     # rank 0 was blocked in gloo's C++ wait: unblocked, back to idle, the group rebuilt in the same processes
-    assert "rank 0 was at <%%distributed cell" in text and "line 5, waiting in barrier" in text
+    assert "rank 0: cell " in text and "line 5, waiting in torch.distributed.barrier()" in text
     assert "the process group was rebuilt in the same processes: every rank kept its state" in text
     assert "restarted" not in text and _pids(kernel) == pids
     after = kernel.run(
@@ -169,7 +169,7 @@ def test_interrupt_inside_a_torch_function_that_waits_in_cpp_names_that_function
     assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
     assert "every rank stopped the cell and kept its state" in _error_text(cell)
     where = cell.stderr
-    assert "rank 0 was at <%%distributed cell" in where and "line 9, inside " in where and "(torch/" in where, where
+    assert "rank 0: cell " in where and "line 9, inside " in where and "(torch/" in where, where
     assert kernel.run("%%distributed\nprint('next', rank)").ok().stdout == "next 0\n"
 
 
@@ -214,8 +214,8 @@ def test_interrupt_during_a_collective_keeps_every_ranks_state_and_says_where_ea
     assert cell.error is not None and cell.error["ename"] == "KeyboardInterrupt"
     assert elapsed < 5, elapsed
     assert "every rank stopped the cell and kept its state" in _error_text(cell)
-    assert "rank 0 was at <%%distributed cell" in cell.stderr and "line 7, waiting in barrier" in cell.stderr
-    assert "rank 1 was at <%%distributed cell" in cell.stderr and "line 4, calling sleep()" in cell.stderr
+    assert "rank 0: cell " in cell.stderr and "line 7, waiting in torch.distributed.barrier()" in cell.stderr
+    assert "rank 1: cell " in cell.stderr and "line 4, calling sleep()" in cell.stderr
     assert "restarted" not in cell.stderr and _pids(kernel) == pids
     after = kernel.run(
         "%%distributed --return-from all --return h\nimport torch, torch.distributed as dist\nt = torch.ones(1)\n"

@@ -63,8 +63,8 @@ def test_rank_error_while_peers_wait_in_all_reduce_keeps_state_and_pids_with_3_r
     elapsed = time.monotonic() - t0
     text = _text(cell)
     assert cell.error["ename"] == "WorkerError" and "rank 1 failed: ValueError: rank 1 broke" in text
-    assert "rank 0 was at <%%distributed cell" in text and "waiting in all_reduce" in text
-    assert "rank 2 " in text.split("Where the other ranks were:")[1]
+    assert "rank 0: cell " in text and "waiting in torch.distributed.all_reduce()" in text
+    assert "rank 2: " in text.split("Where the other ranks were:")[1]
     assert "rebuilt in the same processes: every rank kept its state" in text and "restarted" not in text
     assert elapsed < 8, elapsed  # (1 s of it is the failing rank's own sleep; bench.live_recovery times it)
     assert _pids(three) == pids
@@ -96,8 +96,9 @@ def test_mismatched_collectives_are_named_with_each_ranks_call_and_sequence_numb
     elapsed = time.monotonic() - t0
     text = _text(cell)
     assert "the ranks called different collectives, which can never complete" in text
-    assert "rank 0 in barrier (collective #" in text and "line 3" in text
-    assert "rank 1 in all_reduce (collective #" in text and "rank 2 in all_reduce" in text
+    assert "rank 0: cell " in text and "line 3, waiting in torch.distributed.barrier() (collective #" in text
+    assert "rank 1: cell " in text and "rank 2: cell " in text
+    assert "waiting in torch.distributed.all_reduce() (collective #" in text
     assert elapsed < 10, elapsed
     _assert_state_and_step_in_sync(three, 3)
 
@@ -105,7 +106,8 @@ def test_mismatched_collectives_are_named_with_each_ranks_call_and_sequence_numb
 def test_a_collective_its_peers_never_join_is_named_when_they_finish_the_cell(three):
     cell = three.run("%%distributed\nif rank == 0:\n    dist.barrier()", timeout=60)
     text = _text(cell)
-    assert "rank 0 in barrier (collective #" in text and "rank(s) 1, 2 never joined: they finished the cell" in text
+    assert "rank 0: cell " in text and "waiting in torch.distributed.barrier() (collective #" in text
+    assert "rank(s) 1, 2 never joined: they finished the cell" in text
     # the collective count each finished rank ended at, and nothing about ranks on different groups
     assert re.search(r"they finished the cell \(rank 1 at collective #\d+, rank 2 at collective #\d+\)", text), text
     assert "different process groups" not in text
@@ -117,8 +119,8 @@ def test_timeout_with_a_rank_in_a_c_level_collective_keeps_state_and_says_where_
     cell = three.run("%%distributed --timeout 1\nif rank == 0:\n    dist.barrier()\nelse:\n    time.sleep(60)")
     text = _text(cell)
     assert cell.error["ename"] == "LaunchTimeoutError" and time.monotonic() - t0 < 6
-    assert "rank 0 was at <%%distributed cell" in text and "line 3, waiting in barrier" in text
-    assert "rank 1 was at <%%distributed cell" in text and "line 5" in text
+    assert "rank 0: cell " in text and "line 3, waiting in torch.distributed.barrier()" in text
+    assert "rank 1: cell " in text and "line 5" in text
     assert "every rank kept its state" in text
     _assert_state_and_step_in_sync(three, 3)
 
@@ -146,7 +148,7 @@ def test_four_ranks_a_failing_rank_that_is_not_every_peers_neighbour_unblocks_th
         assert "rank 3 failed: ValueError: rank 3 only" in text and "every rank kept its state" in text
         (where,) = [line for line in text.splitlines() if line.startswith("Where the other ranks were:")]
         for r in (0, 1, 2):  # (under load a peer may not have begun the cell when rank 3 failed: said so)
-            assert f"rank {r} " in where
+            assert f"rank {r}: " in where
         assert _pids(k) == pids
         _assert_state_and_step_in_sync(k, 4)
     finally:
@@ -237,7 +239,7 @@ def test_a_rank_alive_but_slow_to_come_back_is_waited_for_with_its_state_and_nam
     cell = three.run(SLOW_RANK.format(hold=6), timeout=60)
     (notice,) = _awaited_notice(cell)
     assert "rank 0 failed (ValueError: rank 0 broke)" in notice and "rank(s) 1 to come back to idle" in notice
-    assert "rank 1 was at <%%distributed cell" in notice and "Press ■ again to stop waiting" in notice
+    assert "rank 1: cell " in notice and "Press ■ again to stop waiting" in notice
     text = _text(cell)
     assert "rank 0 failed: ValueError: rank 0 broke" in text and "every rank kept its state" in text
     assert "restarted" not in text

@@ -5,16 +5,12 @@ breakpoint() and torch.distributed.breakpoint(rank=N) on rank 1, two ranks stopp
 from __future__ import annotations
 
 import pytest
+from harness import answers
 
 
 @pytest.fixture(scope="module")
 def kernel(kernel_with, tmp_path_factory):
     return kernel_with(cwd=tmp_path_factory.mktemp("debugger"))
-
-
-def _answers(*values):
-    it = iter(values)
-    return lambda prompt, password: next(it)
 
 
 @pytest.mark.parametrize("start_method", ["fork", "spawn"])
@@ -28,7 +24,7 @@ if rank == 1:
 import torch.distributed as dist
 dist.barrier()
 """,
-        on_input=_answers("p x", "n", "p y", "c"),
+        on_input=answers("p x", "n", "p y", "c"),
         timeout=90,
     ).ok()
     assert [r["prompt"] for r in cell.input_requests] == ["(rank 1) (Pdb) "] * 4
@@ -52,7 +48,7 @@ t = torch.ones(1)
 dist.all_reduce(t)
 (before, timeout(), t.item())
 """,
-        on_input=_answers("p secret", "p timeout()", "c"),
+        on_input=answers("p secret", "p timeout()", "c"),
         timeout=90,
     ).ok()
     assert [r["prompt"] for r in cell.input_requests] == ["(rank 1) (Pdb) "] * 3
@@ -87,7 +83,7 @@ dist.barrier()
 def test_debug_after_a_one_shot_failure_says_in_one_line_how_to_reach_the_rank(kernel):
     cell = kernel.run("%%distributed -n 2\nif rank == 1:\n    raise ValueError('boom')\n", timeout=90)
     assert cell.error is not None and cell.error["ename"] == "WorkerError"
-    debug = kernel.run("%debug", on_input=_answers("q"), timeout=30).ok()
+    debug = kernel.run("%debug", on_input=answers("q"), timeout=30).ok()
     assert debug.input_requests == []  # no debugger was opened on nblaunch's frames
     assert debug.stdout.strip().splitlines() == [
         "nblaunch: %debug cannot open rank 1's frame: it ran in a launch whose ranks have exited. Run the cell in "
@@ -98,7 +94,7 @@ def test_debug_after_a_one_shot_failure_says_in_one_line_how_to_reach_the_rank(k
 
 def test_debug_after_any_other_exception_is_ipythons_own(kernel):
     kernel.run("def f():\n    local = 41\n    1 / 0\nf()")
-    debug = kernel.run("%debug", on_input=_answers("p local", "q"), timeout=30).ok()
+    debug = kernel.run("%debug", on_input=answers("p local", "q"), timeout=30).ok()
     assert [r["prompt"] for r in debug.input_requests] == ["ipdb> "] * 2
     assert "41" in debug.stdout
 
@@ -110,7 +106,7 @@ def test_breakpoint_on_rank_1_in_a_live_cell_prompts_and_the_ranks_keep_their_st
         cell = kernel.run(
             "%%distributed\nif rank == 1:\n    breakpoint()\n    seen = kept\nimport torch.distributed as dist\n"
             "dist.barrier()\n",
-            on_input=_answers("p kept", "c"),
+            on_input=answers("p kept", "c"),
             timeout=90,
         ).ok()
         assert [r["prompt"] for r in cell.input_requests] == ["(rank 1) (Pdb) "] * 2
@@ -124,7 +120,7 @@ def test_breakpoint_on_rank_1_in_a_live_cell_prompts_and_the_ranks_keep_their_st
 def test_q_in_torch_distributed_breakpoint_on_rank_1_stops_the_launch_naming_the_rank(kernel):
     cell = kernel.run(
         "%%distributed -n 2\nimport torch.distributed as dist\ndist.breakpoint(rank=1)\nprint('not reached')\n",
-        on_input=_answers("q"),
+        on_input=answers("q"),
         timeout=90,
     )
     assert cell.error is not None

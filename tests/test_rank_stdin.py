@@ -7,16 +7,12 @@ from __future__ import annotations
 import time
 
 import pytest
+from harness import answers
 
 
 @pytest.fixture(scope="module")
 def kernel(kernel_with, tmp_path_factory):
     return kernel_with("import sys, time", cwd=tmp_path_factory.mktemp("stdin"))
-
-
-def _answers(*values):
-    it = iter(values)
-    return lambda prompt, password: next(it)
 
 
 def _error_text(cell) -> str:
@@ -34,7 +30,7 @@ import getpass
 secret = getpass.getpass("token: ") if rank == 0 else None
 print("hello", name, len(secret or ""))
 """,
-        on_input=_answers("Ada", "s3cret"),
+        on_input=answers("Ada", "s3cret"),
     ).ok()
     assert cell.input_requests == [
         {"prompt": "name? ", "password": False},
@@ -73,7 +69,7 @@ if rank == 0:
 import torch.distributed as dist
 dist.barrier()
 """,
-        on_input=_answers("p x", "n", "p y", "c"),
+        on_input=answers("p x", "n", "p y", "c"),
     ).ok()
     assert [r["prompt"] for r in cell.input_requests] == ["(rank 0) (Pdb) "] * 4  # the prompt names the rank
     lines = cell.stdout.splitlines()
@@ -92,7 +88,7 @@ if rank == 0:
     print("not reached")
 dist.barrier()
 """,
-        on_input=_answers("q"),
+        on_input=answers("q"),
     )
     text = _error_text(cell)
     assert "the debugger on rank 0 was quit (q); the launch was stopped on every rank" in text.splitlines()[0]
@@ -138,7 +134,7 @@ else:
     assert "ValueError: rank 1 broke" in "\n".join(reply["content"]["traceback"])
     assert time.monotonic() - started < 30
     # the withdrawn question left no reader on the stdin channel: a plain input() in the kernel works
-    after = kernel.run("print('kernel got', input('again? '))", on_input=_answers("late answer")).ok()
+    after = kernel.run("print('kernel got', input('again? '))", on_input=answers("late answer")).ok()
     assert after.stdout == "kernel got late answer\n"
     assert after.input_requests == [{"prompt": "again? ", "password": False}]
 
@@ -152,5 +148,5 @@ def test_interrupting_the_kernel_while_rank_0_waits_for_input_stops_the_launch(k
     reply = kernel.reply_to(msg_id)
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - sent < 5
-    after = kernel.run("print('kernel got', input('again? '))", on_input=_answers("yes")).ok()
+    after = kernel.run("print('kernel got', input('again? '))", on_input=answers("yes")).ok()
     assert after.stdout == "kernel got yes\n"

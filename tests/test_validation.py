@@ -9,6 +9,7 @@ import os
 
 import pytest
 import yaml
+from harness import children
 
 import kernelside
 from jupyter_ext.config_store import ConfigStore
@@ -158,19 +159,14 @@ FLAG_CASES = [
 ]
 
 
-def _children(pid: int) -> set[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as fh:
-        return {int(p) for p in fh.read().split()}
-
-
 @pytest.mark.parametrize("flags, fragment", FLAG_CASES)
 def test_a_bad_flag_value_starts_nothing_and_names_the_flag(kernel, tmp_path, flags, fragment):
     marker = tmp_path / "ran"
-    before = _children(kernel.pid)
+    before = children(kernel.pid)
     cell = kernel.run(f"%%distributed -n 2 {flags}\nopen({str(marker)!r}, 'w').close()\n")
     assert cell.error["ename"] == "LaunchConfigError"
     assert fragment in cell.error["evalue"] and "Nothing was started." in cell.error["evalue"]
-    assert not marker.exists() and _children(kernel.pid) <= before
+    assert not marker.exists() and children(kernel.pid) <= before
     assert "engines/local.py" not in "".join(cell.error["traceback"])
 
 

@@ -14,7 +14,7 @@ import {
   showDialog,
   WidgetTracker
 } from '@jupyterlab/apputils';
-import { NotebookPanel } from '@jupyterlab/notebook';
+import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { runName } from './dashboardModel';
@@ -27,7 +27,7 @@ import {
 import { listenToLinks } from './linkClicks';
 import { RUN_ID } from './logCommands';
 import { formatElapsed, RunsModel } from './runsModel';
-import { openOnce } from './shellArea';
+import { openOnce, TabArea } from './shellArea';
 
 /** What the run-name link of a cell's status line carries. */
 const RUN_LINK = 'a.nblaunch-run-link[data-nblaunch-run]';
@@ -36,8 +36,10 @@ const RUN_LINK = 'a.nblaunch-run-link[data-nblaunch-run]';
 export function addOpenDashboardCommand(
   app: JupyterFrontEnd,
   id: string,
+  area: TabArea,
   runs: RunsModel,
   icon: LabIcon,
+  notebooks: INotebookTracker,
   actions: Omit<IDashboardActions, 'openCell'>,
   restorer: ILayoutRestorer | null
 ): void {
@@ -45,7 +47,7 @@ export function addOpenDashboardCommand(
   const tracker = new WidgetTracker<MainAreaWidget>({ namespace: 'nblaunch-dashboard' });
   const dashboardActions: IDashboardActions = {
     ...actions,
-    openCell: (notebook, cell) => void showCell(app, notebook, cell)
+    openCell: (notebook, cell) => void showCell(app, notebooks, notebook, cell)
   };
   app.commands.addCommand(id, {
     label: args => (args.run ? 'Open the run dashboard' : 'nblaunch: Open run dashboard…'),
@@ -55,7 +57,7 @@ export function addOpenDashboardCommand(
       if (!run || !RUN_ID.test(run)) {
         return;
       }
-      const widget = openOnce(app, dashboardWidgetId(run), () =>
+      const widget = openOnce(app, area, dashboardWidgetId(run), () =>
         createDashboardWidget(run, runs, dashboardActions, icon)
       );
       if (widget) {
@@ -99,20 +101,39 @@ async function pickRun(runs: RunsModel): Promise<string> {
   return index >= 0 ? runs.runs[index].id : '';
 }
 
-/** Show cell [count] of the notebook at path (relative to the server's root), opening it if needed. */
-async function showCell(app: JupyterFrontEnd, path: string, count: number): Promise<void> {
-  const widget = await app.commands.execute('docmanager:open', { path });
+/**
+ * Show cell [count] of the notebook at path (relative to the server's root), opening it if needed. A
+ * notebook open in this page is used as it is; otherwise the document manager opens it: a tab in
+ * JupyterLab, a page of its own in Notebook 7 (which cannot show the cell from here, and says so).
+ */
+async function showCell(
+  app: JupyterFrontEnd,
+  notebooks: INotebookTracker,
+  path: string,
+  count: number
+): Promise<void> {
+  const open = notebooks.find(panel => panel.context.path === path);
+  const widget = open ?? (await app.commands.execute('docmanager:open', { path }));
   if (!(widget instanceof NotebookPanel)) {
+    await showDialog({
+      title: `Cell [${count}] of ${path}`,
+      body: `${path} opened in a page of its own (if the browser let it): look for cell [${count}] there.`,
+      buttons: [Dialog.okButton()]
+    });
     return;
   }
   await widget.context.ready;
   app.shell.activateById(widget.id);
   const notebook = widget.content;
-  const index = notebook.widgets.findIndex(
-    cell =>
-      cell.model.type === 'code' &&
-      (cell.model as { executionCount?: number | null }).executionCount === count
+  type CodeState = { executionCount?: number | null; executionState?: string };
+  const code = notebook.widgets.map(cell =>
+    cell.model.type === 'code' ? (cell.model as unknown as CodeState) : {}
   );
+  // A cell that runs has no count in the notebook until it ends ([*]): then the run's cell is the one running.
+  let index = code.findIndex(model => model.executionCount === count);
+  if (index < 0) {
+    index = code.findIndex(model => model.executionState === 'running');
+  }
   if (index < 0) {
     return; // re-run or cleared since: the notebook is shown, the count no longer names a cell
   }

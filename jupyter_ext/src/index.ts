@@ -1,6 +1,11 @@
 /** Wires nblaunch's panel and commands into JupyterLab. */
 
-import { ILayoutRestorer, JupyterFrontEnd, JupyterFrontEndPlugin } from '@jupyterlab/application';
+import {
+  ILabShell,
+  ILayoutRestorer,
+  JupyterFrontEnd,
+  JupyterFrontEndPlugin
+} from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 
@@ -11,6 +16,7 @@ import { launchIcon } from './icon';
 import { insertDistributedCell } from './insertCell';
 import { addOpenLogCommand, listenToLogLinks } from './logCommands';
 import { LaunchPanel, PANEL_ID } from './panel';
+import { IRunViewArea, TabArea } from './shellArea';
 
 export const CommandIDs = {
   insertCell: 'nblaunch:insert-distributed-cell',
@@ -26,13 +32,16 @@ const plugin: JupyterFrontEndPlugin<void> = {
     'A side panel that edits the launch config of %%distributed and notebook_launcher() and lists every run; a dashboard tab per run with its ranks over time, logs, stacks and Stop.',
   autoStart: true,
   requires: [INotebookTracker],
-  optional: [ICommandPalette, ILayoutRestorer],
+  optional: [ICommandPalette, ILayoutRestorer, IRunViewArea],
   activate: (
     app: JupyterFrontEnd,
     tracker: INotebookTracker,
     palette: ICommandPalette | null,
-    restorer: ILayoutRestorer | null
+    restorer: ILayoutRestorer | null,
+    viewArea: TabArea | null
   ) => {
+    // main-area tabs where the Lab-only plugin below runs; Notebook 7's right side panel elsewhere
+    const area = viewArea ?? 'right';
     const panel = new LaunchPanel(
       launchIcon,
       () => app.commands.execute(CommandIDs.insertCell),
@@ -66,20 +75,22 @@ const plugin: JupyterFrontEndPlugin<void> = {
       label: 'Open Distributed launch panel',
       execute: () => app.shell.activateById(PANEL_ID)
     });
-    addOpenLogCommand(app, CommandIDs.openLog, (run, rank) => {
+    addOpenLogCommand(app, CommandIDs.openLog, area, (run, rank) => {
       const summary = panel.runs.run(run);
       return summary ? logTabTitle(summary, rank) : `${run} · rank ${rank}`;
     });
     addOpenDashboardCommand(
       app,
       CommandIDs.openDashboard,
+      area,
       panel.runs,
       launchIcon,
+      tracker,
       {
         openLog: (run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }),
         watchChanged: () => panel.watchRuns()
       },
-      restorer
+      area === 'main' ? restorer : null // a side panel's dashboard is not brought back on reload
     );
     listenToLogLinks((run, rank) => void app.commands.execute(CommandIDs.openLog, { run, rank }));
     // A cell that runs may start a launch: watch the run folders until it is done.
@@ -95,4 +106,14 @@ const plugin: JupyterFrontEndPlugin<void> = {
   }
 };
 
-export default plugin;
+/** JupyterLab only (it requires ILabShell): run dashboards and rank logs open as main-area tabs. */
+const labTabs: JupyterFrontEndPlugin<TabArea> = {
+  id: 'nblaunch:lab-tabs',
+  description: 'Opens run dashboards and rank logs as main-area tabs (JupyterLab only).',
+  autoStart: true,
+  requires: [ILabShell],
+  provides: IRunViewArea,
+  activate: (): TabArea => 'main'
+};
+
+export default [labTabs, plugin];

@@ -9,7 +9,7 @@ import { JupyterFrontEnd } from '@jupyterlab/application';
 
 import { listenToLinks } from './linkClicks';
 import { createLogWidget, logWidgetId } from './logView';
-import { openOnce } from './shellArea';
+import { openOnce, TabArea } from './shellArea';
 
 /** What the log links of a cell's status line carry. */
 const LOG_LINK = 'a.nblaunch-log-link[data-nblaunch-run][data-nblaunch-rank]';
@@ -19,6 +19,7 @@ export const RUN_ID = /^run-\d{8}-\d{6}-[A-Za-z0-9_]+$/;
 export function addOpenLogCommand(
   app: JupyterFrontEnd,
   id: string,
+  area: TabArea,
   titleOf: (run: string, rank: number) => string
 ): void {
   app.commands.addCommand(id, {
@@ -29,7 +30,9 @@ export function addOpenLogCommand(
       if (!RUN_ID.test(run) || !Number.isInteger(rank) || rank < 0) {
         return;
       }
-      openOnce(app, logWidgetId(run, rank), () => createLogWidget(run, rank, titleOf(run, rank)));
+      openOnce(app, area, logWidgetId(run, rank), () =>
+        createLogWidget(run, rank, titleOf(run, rank))
+      );
     }
   });
 }

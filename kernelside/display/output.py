@@ -64,8 +64,17 @@ class _LineBuffer:
 
 class RankOutputRouter:
     def __init__(
-        self, world_size: int, mode: str, log_dir: str, stdout, stderr, prefix_template: str | None = None, tabs=None
+        self,
+        world_size: int,
+        mode: str,
+        log_dir: str,
+        stdout,
+        stderr,
+        prefix_template: str | None = None,
+        tabs=None,
+        make_logs: bool = True,
     ):
+        """``make_logs``: make every rank's (empty) log file now; False when they exist already (a live request)."""
         self.mode = mode
         self.tabs = tabs  # output="all" in a notebook: each rank's lines go to its tab (rank_tabs.py), not the stream
         self.prefixes = {r: _prefix(prefix_template, mode, r) for r in range(world_size)}
@@ -86,6 +95,8 @@ class RankOutputRouter:
         for r in range(world_size):
             self.log_paths[r] = os.path.join(log_dir, rank_log_name(r))  # the run folder's contract (the server's)
             # every rank has its log from the start; it is opened at its first bytes
+            if not make_logs:
+                continue
             try:
                 os.close(open_in(log_dir, rank_log_name(r), os.O_WRONLY | os.O_CREAT | os.O_APPEND))
             except OSError:

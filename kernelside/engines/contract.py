@@ -9,9 +9,10 @@ own, it answers ``poll()`` for a bounded time and returns.
 The life of one run, driven by ``run_engine``::
 
     port = engine.prepare()            # imports, rendezvous port; nothing started yet
+    engine.observe(observers)          # what the engine watches besides the recorder (launch.observers)
     engine.start(recorder)             # ranks started, recorder.add_ranks(...)
     while not engine.poll(recorder, wait_s):   # observations → recorder, for at most wait_s
-        recorder.tick()                # run_engine: housekeeping once per turn; deadline → recorder.timeout();
+        observers.tick()               # run_engine: housekeeping once per turn; deadline → recorder.timeout();
         ...                            # grace over → leave
     engine.close(grace, recorder)      # SIGTERM → SIGKILL after grace, reap, free (safe twice)
 
@@ -101,6 +102,9 @@ class Engine(abc.ABC):
     render = "text"
     #: True: the run's widgets appear only once there is something to show (a live cell: quick cells draw none)
     defer_display = False
+    #: True: every rank's log file exists already (a live session's request: its start made them), so the
+    #: output router does not make them again for this run
+    rank_logs_made = False
 
     def prepare(self) -> int | None:
         """Before the report exists: what ranks need from the kernel first; returns the rendezvous port."""
@@ -123,6 +127,11 @@ class Engine(abc.ABC):
     def close(self, grace: float, recorder) -> None:
         """Whatever is left is stopped (killed after ``grace`` seconds), reaped and freed; the last
         observations go to the recorder (None: nobody listens any more). Safe to call twice."""
+
+    def observe(self, observers) -> None:
+        """Register what the engine itself watches of the run (``launch.observers.RunObservers.watch``), before
+        ``start()``: a live request watches its ranks come back to idle and say where they were. None by default."""
+        return None
 
     def rank_processes(self) -> list[tuple[int, int, str | None]]:
         """Where the ranks are, for asking their stacks: this kernel's own rank processes as (rank, pid, how it

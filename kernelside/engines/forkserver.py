@@ -187,7 +187,7 @@ def _describe(returncode: int | None) -> str:
 
 # The one template of this kernel, and whether starting one has failed: process-wide by nature (a
 # second template would be a second copy of torch in memory), so a registry, not per-launch state.
-_registry: dict = {"template": None, "broken": None}
+_registry: dict = {"template": None, "refused_because": None}
 
 
 def prestart() -> None:
@@ -196,11 +196,11 @@ def prestart() -> None:
     >>> prestart(); running_template().pid > 0      # doctest: +SKIP
     True
     """
-    if _registry["template"] is None and _registry["broken"] is None:
+    if _registry["template"] is None and _registry["refused_because"] is None:
         try:
             _registry["template"] = Template.start()
         except OSError as e:
-            _registry["broken"] = f"it could not be started ({e})"
+            _registry["refused_because"] = f"it could not be started ({e})"
 
 
 def prestart_if_useful() -> None:
@@ -237,7 +237,7 @@ def template_for_launch(out) -> Template | None:
     >>> t = template_for_launch(sys.stdout)      # doctest: +SKIP
     >>> method = "forkserver" if t is not None else "spawn"
     """
-    if _registry["broken"] is not None:
+    if _registry["refused_because"] is not None:
         return None
     t = _registry["template"]
     if t is not None and not t.alive():
@@ -249,7 +249,7 @@ def template_for_launch(out) -> Template | None:
         prestart()
     t = _registry["template"]
     if t is None:
-        return _give_up(out, _registry["broken"])
+        return _give_up(out, _registry["refused_because"])
     try:
         t.wait_ready()
     except TemplateUnavailable as e:
@@ -260,7 +260,7 @@ def template_for_launch(out) -> Template | None:
 
 
 def _give_up(out, why: str) -> None:
-    _registry["broken"] = why
+    _registry["refused_because"] = why
     out.write(
         f"nblaunch: the forkserver template could not start ({why}); this and later launches use spawn "
         "(slower: every rank imports torch afresh).\n"

@@ -127,7 +127,7 @@ class WorkerGroup:
         try:
             if method in ("spawn", "forkserver"):
                 memfd = os.memfd_create("nblaunch-payload", os.MFD_CLOEXEC)
-                _write_all(memfd, spawn_blob)
+                write_all(memfd, spawn_blob)
             all_launch_fds = [fd for p in pipes for fd in (*p.read_ends(), *p.write_ends())] + list(keep_fds)
             for payload, rp in zip(payloads, pipes, strict=True):
                 payload.events_fd = rp.events_w
@@ -278,7 +278,7 @@ class WorkerGroup:
         w.template.release(w.pid)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]

@@ -7,11 +7,18 @@ The recorder decides what they mean and, at the first failure, asks the engine t
 to every rank); ``launch.runner.run_engine`` decides how long to keep polling (the deadline, the
 grace), and the engine's ``close()`` does the rest.
 
+A live session's ranks outlive one run: their selector and ordered readers (``RankMux``, the
+multiplexer of every rank's pipes) are made once per set of processes and lent to each request's loop,
+which registers only what is its own (the notebook bridge, the interrupt fd, a tracker's Stop) and takes
+it off again at its end. A cell then costs no selector, no registration and no reader per rank.
+
 Example::
 
     >>> loop = EventLoop(group, recorder)              # doctest: +SKIP
     >>> while not loop.poll(0.1): pass
     >>> loop.finish()
+    >>> mux = RankMux(group)                        # a live session's, once   # doctest: +SKIP
+    >>> EventLoop(group, recorder, mux=mux)         # each request's            # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -24,30 +31,56 @@ from .local_bridge import EVENT_KINDS, NotebookBridge
 from .rank_reader import RankReader
 
 
-class EventLoop:
-    """The kernel loop: pipes and exits of every rank, multiplexed in the calling thread."""
+class RankMux:
+    """Every rank's pipes and exit notification in one selector, with each rank's ordered reader: as long-lived
+    as the processes (a one-shot launch's run, or a live session's world)."""
 
-    def __init__(self, group, recorder, *, until=None, readers: list[EventReader] | None = None):
-        """``until()``: the run is over when it returns True though processes still run (a live
-        session's cell: every rank is back to idle); ``readers``: the ranks' event readers, kept
-        across runs when the processes are."""
-        self.group, self.rec = group, recorder
-        self.until = until
-        framing = readers if readers is not None else [EventReader() for _ in group.workers]
+    def __init__(self, group, framing: list[EventReader] | None = None):
+        """``framing``: the ranks' event readers (a live rank's token and partial frames), kept with the pipes."""
+        framing = framing if framing is not None else [EventReader() for _ in group.workers]
         self.polling = any(w.pidfd is None for w in group.workers)
         self.sel = selectors.DefaultSelector()
         self.readers = {w.rank: RankReader(w, self.sel, framing[w.rank]) for w in group.workers}
         for w in group.workers:
             if w.pidfd is not None:
                 self.sel.register(w.pidfd, selectors.EVENT_READ, (w, "exit"))
+        self.own = set(self.sel.get_map())  # the fds that stay from run to run; a run's own are taken off at its end
+        self.closed = False
+
+    def end_run(self) -> None:
+        """Take off what a run registered (its bridge, the interrupt fd, a tracker's Stop): the next adds its own."""
+        for fd in [fd for fd in self.sel.get_map() if fd not in self.own]:
+            self.sel.unregister(fd)
+
+    def close(self) -> None:
+        """The processes are gone (or being replaced): the selector goes. Safe twice."""
+        if not self.closed:
+            self.closed = True
+            self.sel.close()
+
+
+class EventLoop:
+    """The kernel loop: pipes and exits of every rank, multiplexed in the calling thread."""
+
+    def __init__(self, group, recorder, *, until=None, mux: RankMux | None = None):
+        """``until()``: the run is over when it returns True though processes still run (a live
+        session's cell: every rank is back to idle); ``mux``: the ranks' selector and readers, kept
+        across runs when the processes are (made here, and closed at the end, when not given)."""
+        self.group, self.rec = group, recorder
+        self.until = until
+        self.lent = mux is not None
+        self.mux = mux if mux is not None else RankMux(group)
+        self.mux.end_run()  # (what a run that never got to finish() left registered: this run registers its own)
+        self.polling, self.sel, self.readers = self.mux.polling, self.mux.sel, self.mux.readers
         # rank 0's display() and the ranks' input() reach the notebook
         self.bridge = NotebookBridge(recorder)
         self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
         pressed = interrupts.wake_fd()  # ■ wakes the loop at once; the runner acts on it after this poll
         if pressed is not None:
             self.sel.register(pressed, selectors.EVENT_READ, (None, "interrupt"))
-        if recorder.tracker is not None:  # the launch panel's Stop, served from this loop
-            recorder.tracker.attach(self.sel, recorder.stop_requested, self.stack_targets)
+        control = recorder.observers.control
+        if control is not None:  # the Runs view's Stop and stacks, served from this loop
+            control.attach(self.sel, recorder.stop_requested, self.stack_targets)
         self.finished = False
 
     def stack_targets(self) -> list[tuple[int, int, str | None]]:
@@ -77,11 +110,11 @@ class EventLoop:
             for w in alive:
                 if w.status is None and self.group.poll(w) is not None:
                     self._on_exit(w)
-        self.bridge.tick()  # (the recorder's tick is the runner's, once per turn of its loop)
+        self.bridge.tick()  # (the observers are ticked by the runner, once per turn of its loop)
         return False
 
     def finish(self) -> None:
-        """The run is over: read what every rank wrote, close the bridge and the selector (safe twice)."""
+        """The run is over: read what every rank wrote, close the bridge and (its own) the selector (safe twice)."""
         if self.finished:
             return
         self.finished = True
@@ -89,7 +122,10 @@ class EventLoop:
             self._drain_all()
         finally:
             self.bridge.close()
-            self.sel.close()
+            if self.lent:
+                self.mux.end_run()
+            else:
+                self.mux.close()
 
     def _route(self, w, items) -> None:
         """The items of one rank's reader, in their order: text to the recorder, events to it or the bridge."""
@@ -110,8 +146,10 @@ class EventLoop:
                 self.rec.event(w.rank, kind, payload)
 
     def _drain_all(self) -> None:
+        # one select finds the pipes that hold anything: a live cell's end reads no empty pipe (3 per rank)
+        ready = {key.fd for key, _ in self.sel.select(0)}
         for w in self.group.workers:
-            self._route(w, self.readers[w.rank].drain(final=True))
+            self._route(w, self.readers[w.rank].drain(final=True, ready=ready))
 
     def _on_exit(self, w) -> None:
         self.group.poll(w)
@@ -120,6 +158,7 @@ class EventLoop:
                 self.sel.unregister(w.pidfd)
             except KeyError:
                 pass
+            self.mux.own.discard(w.pidfd)
         # everything a finished worker wrote is in its pipes already: read it before judging its exit
         self._route(w, self.readers[w.rank].drain(final=True))
         self.rec.exited(w.rank, w.status)

@@ -79,10 +79,13 @@ class RankReader:
             self._consume(kind, data)
         return self._take()
 
-    def drain(self, final: bool = False) -> list[tuple]:
+    def drain(self, final: bool = False, ready: set[int] | None = None) -> list[tuple]:
         """Everything in the pipes now (events first: each takes its text along); ``final``: the rank has
-        ended or the run is over, so what still waits for an event goes out too (marks stripped)."""
+        ended or the run is over, so what still waits for an event goes out too (marks stripped). ``ready``:
+        the fds a zero-wait select found readable just before (the others are not read: nothing is there)."""
         for kind in ("events", *STREAMS):
+            if ready is not None and self.fds[kind] not in ready:
+                continue
             while (data := self._read(kind)) is not None:
                 self._consume(kind, data)
         if final:

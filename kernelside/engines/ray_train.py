@@ -165,9 +165,14 @@ def _fit(loop_config: dict, backend: str, n: int, use_gpu: bool, per_worker: dic
 # -- in the kernel ---------------------------------------------------------------------------------
 
 
-def connect(address: str, num_cpus: int) -> None:
-    """Join the Ray cluster at ``address``, or start one on 127.0.0.1 for this kernel when it is 'local'."""
+def connect(address: str, num_cpus: int, *, quiet: bool = False) -> None:
+    """Join the Ray cluster at ``address``, or start one on 127.0.0.1 for this kernel when it is 'local'.
+    ``quiet``: Ray's own INFO lines ("Connecting to existing Ray cluster...") stay out of the cell."""
+    import logging
+
     import ray
+
+    level = {"logging_level": logging.WARNING} if quiet else {}
 
     if ray.is_initialized():
         return
@@ -178,10 +183,11 @@ def connect(address: str, num_cpus: int) -> None:
             _node_ip_address="127.0.0.1",
             num_cpus=num_cpus,
             log_to_driver=False,
+            **level,
         )
     else:
         try:
-            ray.init(address=address, log_to_driver=False)
+            ray.init(address=address, log_to_driver=False, **level)
         except ConnectionError as e:
             raise LaunchConfigError(
                 "ray_address",

@@ -31,6 +31,7 @@ import stat
 import time
 
 from ..private_dir import folder_fd, open_in
+from ..rank_place import cell_place, place_line
 from ..short_traceback import is_nblaunch_file
 from ..worker.stack_answer import ASK_SUFFIX, HEADER, stacks_path
 
@@ -41,7 +42,6 @@ _THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
 _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _HEAD = re.compile(r"^" + re.escape(HEADER) + r"([0-9a-f]{1,16}) answer=([0-9]{1,18})$")
 _C10D = os.sep + os.path.join("torch", "distributed", "distributed_c10d.py")
-_CELL = "<%%distributed cell "
 _LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
 
 
@@ -199,10 +199,7 @@ def describe(answer: dict) -> str:
         if not r["answered"]:
             lines.append(f"rank {r['rank']}: {r['reason']}")
             continue
-        line = f"rank {r['rank']}: {r['where'] or 'no Python frame'}"
-        if r["collective"]:
-            line += f", waiting in torch.distributed.{r['collective']}()"
-        lines.append(line)
+        lines.append(place_line(r["rank"], r["where"], collective=r["collective"]))
     return "\n".join(lines)
 
 
@@ -218,7 +215,7 @@ def kernel_label(filename: str, lineno: int | None) -> str | None:
 def _frame(filename: str, lineno: int | None, function: str, label) -> dict:
     where = label(filename, lineno) if label is not None else None
     if where is None:
-        where = _cell_place(filename, lineno) or f"{filename}:{lineno}"
+        where = cell_place(filename, lineno) or f"{filename}:{lineno}"
     where += f" in {function}"
     library = any(part in filename for part in ("site-packages", "dist-packages", "/lib/python", "<frozen"))
     nblaunch = is_nblaunch_file(filename)
@@ -241,12 +238,6 @@ def _from_user_code(frames: list[dict]) -> list[dict]:
     while len(rest) > 1 and is_nblaunch_file(rest[0]["file"]):  # the cell's runner (notebook/cell.py)
         rest = rest[1:]
     return rest
-
-
-def _cell_place(filename: str, lineno: int | None) -> str | None:
-    if filename.startswith(_CELL) and filename.endswith(">"):  # '<%%distributed cell In[3]>' (notebook/cell.py)
-        return f"cell {filename[len(_CELL) : -1]}, line {lineno}"
-    return None
 
 
 def _is_collective(frame: dict) -> bool:

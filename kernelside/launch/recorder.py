@@ -33,7 +33,8 @@ from ..engines.contract import ExitStatus
 from ..errors import LaunchStoppedError, LaunchTimeoutError, WorkerError
 from ..run_contract import RankState, RunState
 from ..worker.result_segments import Received
-from .report import Failure, LaunchReport, RankReport, format_failure_message
+from .observers import RunObservers
+from .report import Failure, FailureKind, LaunchReport, RankReport, format_failure_message
 from .run_control import STOPPED_MESSAGE
 
 CLOCKS = {"monotonic": time.monotonic, "wall": time.time}
@@ -50,15 +51,12 @@ class RunRecorder:
         *,
         clock: str = "monotonic",
         router=None,
-        display=None,
-        on_event=None,
         stop=None,
         tails=None,
         peer_hint: str | None = None,
         t_call: float | None = None,
-        gpu=None,
-        tracker=None,
         where=None,
+        observers: RunObservers | None = None,
     ):
         self.report = report
         self.where = where  # where() -> each unfinished rank's line and collective, asked before a timeout or Stop
@@ -66,17 +64,15 @@ class RunRecorder:
         self.now = CLOCKS[clock]
         self.t_call = time.monotonic() if t_call is None else t_call  # when the launch began (monotonic)
         self.t0 = self.now() - (time.monotonic() - self.t_call)  # the same moment on the recorder's clock
-        self.router, self.display, self.on_event = router, display, on_event
+        self.router = router
+        self.observers = observers if observers is not None else RunObservers()  # registered by the runner
         self.tails = tails if tails is not None else router  # tail(rank) for the failure message
         self.peer_hint = peer_hint
         self._stop = stop
-        self.gpu = gpu  # per-rank GPU memory/utilization (launch.gpu_usage); None without GPUs to watch
         self.stopping_since: float | None = None  # monotonic: when stopping began (grace periods)
         self.grace_s: float | None = None  # SIGTERM → SIGKILL grace the engine's loop gives (None: its own)
-        self.tracker = tracker  # the launch panel's state file and Stop channel (launch/run_tracker.py)
         self.results: list[Received | None] = [None] * report.world_size
         self.segments = None  # the engine's shared-memory folder where big return values arrive (SegmentFolder)
-        self.idle: dict[int, dict] = {}  # a live rank's last ``idle`` event (it is back waiting for requests)
         self.notes: list[str] = []  # what the engine did about the failure (a live session restarted, say)
         self.request: int | None = None  # a live session's request id (its ranks go back to idle), None: one-shot
         report.clock = clock
@@ -121,8 +117,6 @@ class RunRecorder:
                 rr.done_s = self._since(payload)
                 if self.request is None:  # (a live rank's code returned: it is busy until back to idle)
                     self._move(rr, RankState.DONE)
-            if self.gpu is not None:
-                self.gpu.sample(self.report.ranks)  # the rank's memory is still held: the end-of-run figure
         elif kind == "result":
             self.results[rank] = self._take_result(rank, payload)
         elif kind == "metrics":
@@ -133,16 +127,10 @@ class RunRecorder:
         elif kind == "error":
             self._fail(Failure.from_error(rank, payload, self.clock))
         elif kind == "idle":
-            self.idle[rank] = payload
             if rr is not None and payload.get("cell") == self.request:
                 self._move(rr, RankState.IDLE)  # back for this request, whatever its outcome
         self.report.event_counts[kind] = self.report.event_counts.get(kind, 0) + 1
-        if self.display is not None and kind in ("progress", "metrics"):
-            self.display.on_event(rank, kind, payload)
-        if self.tracker is not None and kind in ("progress", "metrics", "pace"):  # (pace: a hidden rank's bar)
-            self.tracker.event(rank, kind, payload)
-        if self.on_event is not None:
-            self.on_event(rank, kind, payload)
+        self.observers.event(rank, kind, payload)  # once decided: the widgets, the Runs view, the caller's hook
 
     def exited(self, rank: int, status: ExitStatus) -> None:
         """A rank's process ended (or, for engines without processes of ours, its code returned)."""
@@ -162,7 +150,7 @@ class RunRecorder:
                 self._fail(
                     Failure(
                         rank=rank,
-                        kind="exit",
+                        kind=FailureKind.EXIT,
                         message="exited with code 0 before sending its "
                         "result (os._exit(0) or sys.exit(0) in the launched code?)",
                         t=self.now(),
@@ -176,7 +164,7 @@ class RunRecorder:
             if rr is not None:
                 self._move(rr, RankState.STOPPED)
             return  # ended by our SIGTERM; any other end (exit code, SIGKILL, SIGSEGV) is the rank's own
-        self._fail(Failure(rank=rank, kind="exit", message=status.describe(), t=self.now(), status=status))
+        self._fail(Failure(rank=rank, kind=FailureKind.EXIT, message=status.describe(), t=self.now(), status=status))
 
     def final_status(self, rank: int, status: ExitStatus | None) -> None:
         """How a rank's process really ended, once the engine has reaped it (after any stop)."""
@@ -189,7 +177,7 @@ class RunRecorder:
         self._fail(
             Failure(
                 rank=None,
-                kind="timeout",
+                kind=FailureKind.TIMEOUT,
                 t=self.now(),
                 message=f"the run exceeded timeout={seconds:g}s",
             ),
@@ -199,7 +187,7 @@ class RunRecorder:
     def engine_failed(self, message: str) -> None:
         """The engine itself failed without any rank reporting an error (a Ray Train failure, say)."""
         if not self.report.failures:
-            self._fail(Failure(rank=None, kind="exit", t=self.now(), message=message))
+            self._fail(Failure(rank=None, kind=FailureKind.EXIT, t=self.now(), message=message))
 
     def stop_requested(self, message: str = STOPPED_MESSAGE, grace_s: float | None = PANEL_STOP_GRACE_S) -> bool:
         """The launch panel's Stop (over the run's control channel); True if the run is stopping now.
@@ -211,7 +199,7 @@ class RunRecorder:
             return False
         self.grace_s = grace_s
         self._note_where()
-        self._fail(Failure(rank=None, kind="stopped", t=self.now(), message=message), state=RunState.STOPPED)
+        self._fail(Failure(rank=None, kind=FailureKind.STOPPED, t=self.now(), message=message), state=RunState.STOPPED)
         return True
 
     def _note_where(self) -> None:
@@ -234,17 +222,6 @@ class RunRecorder:
         self.notes.append(text)
         self.report.notes.append(text)
 
-    def tick(self) -> None:
-        """Housekeeping between observations: partial lines, throttled widget redraws."""
-        if self.router is not None:
-            self.router.flush_stale()
-        if self.display is not None:
-            self.display.tick()
-        if self.gpu is not None:
-            self.gpu.tick(self.report.ranks, time.monotonic())
-        if self.tracker is not None:
-            self.tracker.tick(self.report)
-
     # -- the outcome ----------------------------------------------------------------------
     def close(self) -> None:
         """The engine has stopped every rank and every pipe is drained: finish output, timings, root cause."""
@@ -266,8 +243,7 @@ class RunRecorder:
                 values = self._values()
             except WorkerError as e:
                 error = e
-        if self.display is not None:
-            self.display.finish(error)
+        self.observers.finish(error)
         if error is not None:
             raise error
         self.report.state = RunState.DONE
@@ -275,8 +251,7 @@ class RunRecorder:
 
     def finish_interrupted(self, exc: BaseException) -> None:
         self.report.state = RunState.INTERRUPTED
-        if self.display is not None:
-            self.display.finish(exc)
+        self.observers.finish(exc)
 
     # -- inside ---------------------------------------------------------------------------
     def _rank(self, rank: int) -> RankReport | None:
@@ -329,7 +304,7 @@ class RunRecorder:
         """Ranks that left on their own before the peer-loss errors they caused become the root cause."""
         rep = self.report
         peer_losses = [f for f in rep.failures if f.caused_by_peer]
-        if not peer_losses or any(not f.caused_by_peer and f.kind != "left" for f in rep.failures):
+        if not peer_losses or any(not f.caused_by_peer and f.kind is not FailureKind.LEFT for f in rep.failures):
             return  # nothing to explain, or a real failure explains it
         first_loss = min(peer_losses, key=lambda f: f.t)
         failed = {f.rank for f in rep.failures}
@@ -341,7 +316,7 @@ class RunRecorder:
             rep.failures.append(
                 Failure(
                     rank=rr.rank,
-                    kind="left",
+                    kind=FailureKind.LEFT,
                     message=f"left on its own ({left['where']}; exit code {left['code']}) before rank "
                     f"{first_loss.rank}'s collective finished",
                     t=left["t"],
@@ -355,7 +330,7 @@ class RunRecorder:
             received = Received.take(body, self.segments)
         except (OSError, ValueError) as e:
             why = f"rank {rank}'s return value could not be read from shared memory: {e}"
-            self._fail(Failure(rank=rank, kind="error", message=why, t=CLOCKS[self.clock](), phase="result"))
+            self._fail(Failure(rank=rank, kind=FailureKind.ERROR, message=why, t=CLOCKS[self.clock](), phase="result"))
             return None
         note = received.fallback_note(rank)
         if note:

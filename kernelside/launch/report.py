@@ -9,6 +9,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import enum
 import re
 
 from ..engines.contract import ExitStatus
@@ -24,12 +25,20 @@ _PEER_LOSS = re.compile(
 )
 
 
+class FailureKind(str, enum.Enum):
+    """What a ``Failure`` is (the root cause is chosen among them: ``LaunchReport.root_cause``)."""
+
+    ERROR = "error"  # an exception in the rank
+    EXIT = "exit"  # the rank died or exited badly (or the engine failed without a rank's error)
+    TIMEOUT = "timeout"  # the run's deadline passed
+    STOPPED = "stopped"  # Stop in the Runs view or the launch panel
+    LEFT = "left"  # a rank's own sys.exit while its peers waited (RunRecorder._blame_departures)
+
+
 @dataclasses.dataclass
 class Failure:
     rank: int | None  # None: the launch as a whole (timeout)
-    # "error" (an exception in the rank) | "exit" (died or exited badly) | "timeout" | "stopped" (launch panel)
-    # | "left" (a rank's own sys.exit while its peers waited: RunRecorder._blame_departures)
-    kind: str
+    kind: FailureKind
     message: str
     t: float  # when it happened (error events) or was seen (exits), on the run recorder's clock
     traceback: str | None = None
@@ -42,7 +51,7 @@ class Failure:
         """A failure from a worker's ``error`` event (``lifecycle.error_payload``), timed on ``clock``."""
         return cls(
             rank=rank,
-            kind="error",
+            kind=FailureKind.ERROR,
             message=f"{payload['type']}: {payload['message']}",
             t=payload["wall" if clock == "wall" else "t"],
             traceback=payload["traceback"],
@@ -52,7 +61,7 @@ class Failure:
 
     @property
     def caused_by_peer(self) -> bool:
-        return self.kind == "error" and bool(_PEER_LOSS.search(f"{self.exc_type} {self.message}"))
+        return self.kind is FailureKind.ERROR and bool(_PEER_LOSS.search(f"{self.exc_type} {self.message}"))
 
 
 @dataclasses.dataclass
@@ -75,7 +84,7 @@ class RankReport:
     def exit(self) -> str:
         if self.left is not None:  # its own exit, not the SIGTERM it may have got while tearing down
             return describe_departure(self.left)
-        return self.status.describe() if self.status else "running"
+        return self.status.describe() if self.status else RankState.RUNNING.value  # (no exit yet)
 
 
 @dataclasses.dataclass
@@ -116,8 +125,8 @@ class LaunchReport:
         """The first failure that was not merely a consequence of another rank's death."""
         if not self.failures:
             return None
-        primary = [f for f in self.failures if not f.caused_by_peer and f.kind != "timeout"]
-        timeouts = [f for f in self.failures if f.kind == "timeout"]
+        primary = [f for f in self.failures if not f.caused_by_peer and f.kind is not FailureKind.TIMEOUT]
+        timeouts = [f for f in self.failures if f.kind is FailureKind.TIMEOUT]
         if timeouts and (not primary or timeouts[0].t <= min(f.t for f in primary)):
             return timeouts[0]
         pool = primary or self.failures
@@ -171,15 +180,15 @@ def _or_dash(value) -> str:
 def format_failure_message(report: LaunchReport, root: Failure, router) -> str:
     """What the user reads: which rank, why, its traceback, its last output, the others, the logs."""
     parts, quoted = [], [root]
-    if root.kind == "left":  # a rank's own sys.exit(0) while its peers waited for it
+    if root.kind is FailureKind.LEFT:  # a rank's own sys.exit(0) while its peers waited for it
         parts, quoted = _departure_parts(report, root)
-    elif root.kind == "timeout":
+    elif root.kind is FailureKind.TIMEOUT:
         # a live session's ranks go back to idle (the notes say if the session restarted); one-shot ranks end
         after = (
             "every rank stopped the cell" if report.session else "every rank was stopped and nothing is left running"
         )
         parts.append(f"nblaunch: {root.message}: {after} ({report.world_size} ranks).")
-    elif root.kind == "stopped":
+    elif root.kind is FailureKind.STOPPED:
         parts.append(f"nblaunch: {root.message} ({report.world_size} ranks).")
     elif root.rank is None:  # the engine itself failed (Ray Train), with no rank to blame
         return f"nblaunch: {root.message}\nlogs of every rank: {report.log_dir}"

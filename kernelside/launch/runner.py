@@ -32,6 +32,7 @@ from ..run_contract import RunState
 from ..worker.context import current as current_worker
 from . import cuda_guard, hardware, rank_stacks
 from .gpu_usage import sampler_for
+from .observers import RunObservers
 from .payload import Payload
 from .plan import make_plan
 from .recorder import RunRecorder
@@ -157,21 +158,27 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.log_tails is None else None
     if engine.log_tails is None:
         router = RankOutputRouter(
-            plan.num_processes, plan.output, log_dir, out, err, prefix_template=req.line_prefix, tabs=tabs
+            plan.num_processes,
+            plan.output,
+            log_dir,
+            out,
+            err,
+            prefix_template=req.line_prefix,
+            tabs=tabs,
+            make_logs=not engine.rank_logs_made,
         )
+    observers = _observers(report, router, display, sampler_for(plan.gpu_ids), tracker, req.on_event)
+    engine.observe(observers)  # what the engine itself watches (a live request: where its ranks are)
     recorder = RunRecorder(
         report,
         clock=engine.clock,
         router=router,
-        display=display,
-        on_event=req.on_event,
         stop=engine.stop,
         tails=router or engine.log_tails,
         peer_hint=engine.peer_hint,
         t_call=t_call,
-        gpu=sampler_for(plan.gpu_ids),
-        tracker=tracker,
         where=lambda: _where_ranks_were(report, engine),
+        observers=observers,
     )
     interrupted = None
     try:
@@ -207,6 +214,28 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     return LaunchOutcome(value, values, report)
 
 
+def _observers(report: LaunchReport, router, display, gpu, tracker, on_event) -> RunObservers:
+    """Everything that watches this run besides the recorder, each told what it watches (``launch.observers``)."""
+    observers = RunObservers()
+    if router is not None:
+        observers.on_tick(router.flush_stale)  # a rank's partial line, shown once it has waited a moment
+    if gpu is not None:  # per-rank GPU memory and utilization; at ``done`` the rank's memory is still held
+        observers.watch(lambda rank, kind, payload: gpu.sample(report.ranks), kinds=("done",))
+        observers.on_tick(lambda: gpu.tick(report.ranks, time.monotonic()))
+    if display is not None:
+        observers.display = display
+        observers.watch(display.on_event, kinds=("progress", "metrics"))
+        observers.on_tick(display.tick)
+        observers.on_finish(display.finish)
+    if tracker is not None:  # the Runs view: its state file, and its Stop and stacks served by the engine's loop
+        observers.control = tracker
+        observers.watch(tracker.event, kinds=("progress", "metrics", "pace"))  # (pace: a hidden rank's bar)
+        observers.on_tick(lambda: tracker.tick(report))
+    if on_event is not None:
+        observers.watch(on_event)
+    return observers
+
+
 def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
     """Poll ``engine`` until the run is over, applying the deadline and, once stopping, the grace (an engine's
     ``stop_grace_s`` of None: none, its ranks are waited for as long as they live)."""
@@ -223,7 +252,7 @@ def _watch(engine, recorder, timeout: float | None, t_call: float) -> None:
         wait = POLL_S if deadline is None or stopping is not None else max(0.0, min(POLL_S, deadline - now))
         if engine.poll(recorder, wait):
             return
-        recorder.tick()  # once per turn: partial lines, widget redraws, GPU samples, the Runs view's state file
+        recorder.observers.tick()  # once per turn: partial lines, widget redraws, GPU samples, the Runs view's state
         interrupts.check()  # ■ is acted on here, between two turns of the loop (never where it landed)
 
 

@@ -13,7 +13,12 @@ value pickled when it did not change:
 - numbers, strings, bytes, None: the value itself (compared by equality; long strings by digest);
 - anything else: a digest of its pickle (the only sound test for an arbitrary object).
 
-A 200 MB tensor used by 10 cells therefore crosses once, and is pickled once.
+A 200 MB tensor used by 10 cells therefore crosses once, and is pickled once. A big one (tensor storages
+and numpy buffers of ``SEGMENT_MIN_BYTES`` or more, in whatever value holds them) crosses through shared
+memory, as big return values come back (``worker.result_segments``): the kernel writes its buffers once into
+a segment file in the session's folder, every rank maps it copy-on-write (its changes stay its own), and the
+kernel takes the file away when the request ends, however it ended. A value that does not fit in the free
+shared memory goes through the pipes, and the cell says so.
 
 Notebook functions travel as their code and are rebuilt on the rank with the rank's namespace as
 globals (``worker.live_rank.rebuild_function``), so they see what the cells assigned there.
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import sys
 import types
 import weakref
@@ -38,6 +44,7 @@ import cloudpickle
 from ..errors import LaunchConfigError
 from ..launch.payload import cell_needs, function_needs, is_notebook_name, names_assigned, unpicklable_names
 from ..worker.live_rank import rebuild_function
+from ..worker.result_segments import SEGMENT_MIN_BYTES, dumps_with_segments, header
 
 _BY_IDENTITY = (types.FunctionType, type, types.ModuleType, types.BuiltinFunctionType)
 _BY_VALUE = (bool, int, type(None))
@@ -63,11 +70,40 @@ class _RankPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+class _SharedPickler(_RankPickler):
+    """The same, with big tensor storages out of band (into the push's segment)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._storages: dict = {}
+
+    def reducer_override(self, obj):
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            from ..worker.results import segment_reduction
+
+            reduced = segment_reduction(self._storages, obj, torch)
+            if reduced is not None:
+                return reduced
+        return super().reducer_override(obj)
+
+
 def dumps(value) -> bytes:
     """Pickle ``value`` for a live rank."""
     buf = io.BytesIO()
     _RankPickler(buf, protocol=5).dump(value)
     return buf.getvalue()
+
+
+def _big(value, blob: bytes | None) -> bool:
+    """Worth a segment: a big tensor or array, or any value whose pickle is big (a dict of tensors, a model)."""
+    if blob is not None:
+        return len(blob) >= SEGMENT_MIN_BYTES
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes() >= SEGMENT_MIN_BYTES
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.ndarray) and value.nbytes >= SEGMENT_MIN_BYTES
 
 
 def _cheap_key(value):
@@ -110,11 +146,17 @@ class NameSender:
         self.known: dict[str, tuple] = {}  # name -> (fingerprint, weak reference or None)
         self.owned: set[str] = set()  # names the cells assigned: the ranks' own
         self.names_bytes = 0  # pickled kernel values sent so far (each value counted once, not per rank)
+        self.shared_bytes = 0  # the part of them that crossed through shared memory, not the pipes
+        self.folder: str | None = None  # the session's shared-memory folder (big values go there), None: pipes only
+        self.segments: list[str] = []  # segment files made for the request being prepared (``drop_segments``)
+        self.notes: list[str] = []  # values that went through the pipes instead, and why (``take_notes``)
 
     @classmethod
-    def for_new_ranks(cls, inherited: dict | None) -> NameSender:
-        """What new ranks hold of the kernel's names: what they ``inherited`` (forked), else nothing."""
+    def for_new_ranks(cls, inherited: dict | None, folder: str | None = None) -> NameSender:
+        """What new ranks hold of the kernel's names: what they ``inherited`` (forked), else nothing; ``folder``:
+        the world's shared-memory folder, where big values cross."""
         sender = cls()
+        sender.folder = folder
         if inherited is not None:
             sender.seed(inherited)
         return sender
@@ -182,10 +224,11 @@ class NameSender:
                 ref = _weak(value) if key[0] in ("tensor", "object", "ndarray") else None
                 if not force and prev is not None and prev[0] == key and (prev[1] is None or prev[1]() is value):
                     continue
-                out[name] = (blob if blob is not None else dumps(value), key, ref)
+                out[name] = (self._pack(name, value, blob), key, ref)
             except Exception as e:
                 problems.append(f"{name!r} ({type(value).__name__}): {type(e).__name__}: {e}")
         if problems:
+            self.drop_segments()
             raise unpicklable_names(
                 problems,
                 "the live ranks",
@@ -194,9 +237,41 @@ class NameSender:
             )
         return out
 
+    def _pack(self, name: str, value, blob: bytes | None) -> bytes:
+        """What crosses to the ranks: big buffers in a segment of the session's folder, the rest in the pickle."""
+        if self.folder is None or not _big(value, blob):
+            return blob if blob is not None else dumps(value)
+        body = dumps_with_segments(value, self.folder, "push", _SharedPickler)
+        head = header(body)
+        if head is not None and head[0]:
+            self.segments.append(head[0])
+        if head is not None and head[2]:
+            self.notes.append(
+                f"nblaunch: {name} ({head[2] / 2**20:.0f} MiB of it) went to the ranks through their pipes, not "
+                f"shared memory: {head[3]}. Values this big cross faster with more free space in /dev/shm (a "
+                "container's default is 64 MiB: `docker run --shm-size=8g`)."
+            )
+        return body
+
+    def take_notes(self) -> list[str]:
+        notes, self.notes = self.notes, []
+        return notes
+
+    def drop_segments(self) -> None:
+        """The request is over (or never went): its segment files go; the ranks' mappings of them stay theirs."""
+        for name in self.segments:
+            try:
+                os.unlink(os.path.join(self.folder, name))
+            except OSError:
+                pass  # (the world's folder went with a restart already)
+        self.segments.clear()
+
     def sent(self, values: dict[str, tuple], assigned=()) -> None:
         """The request carrying ``values`` reached every rank: remember what they now have."""
         for name, (blob, key, ref) in values.items():
             self.known[name] = (key, ref)
-            self.names_bytes += len(blob)
+            head = header(blob)
+            shared = sum(n for _, n in head[1]) if head is not None else 0
+            self.names_bytes += len(blob) + shared
+            self.shared_bytes += shared
         self.owned.update(assigned)

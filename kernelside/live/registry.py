@@ -9,6 +9,8 @@ Example::
 
 from __future__ import annotations
 
+from ..errors import LaunchError
+
 
 class _KernelSession:
     session = None
@@ -26,3 +28,16 @@ def current():
 
 def set_current(session) -> None:
     KERNEL_SESSION.session = session
+
+
+def refuse_a_second() -> None:
+    """Before a session starts: a LaunchError if this kernel's session is still up (one at a time); one
+    stopped from the launch panel between cells is forgotten here."""
+    running = current()
+    if running is not None and not running.world.up:
+        set_current(None)
+    elif running is not None:
+        raise LaunchError(
+            "nblaunch: a live session is already running in this kernel "
+            f"({running.describe()}). Stop it first (%distributed_stop), or restart it (%distributed_restart)."
+        )

@@ -33,7 +33,6 @@ Example::
 
 from __future__ import annotations
 
-import os
 import pickle
 import signal
 import time
@@ -41,6 +40,7 @@ import time
 from ..engines.contract import Engine
 from ..engines.local_loop import EventLoop
 from ..errors import CellInterrupted
+from ..rank_place import place_line
 from ..run_contract import RankState, RunState
 from ..short_traceback import first_line
 from .world import KEPT_WORLD, Verdict, WorldFate
@@ -74,10 +74,16 @@ class LiveRunEngine(Engine):
         self.asked: set[int] = set()  # ranks asked where they were; ``answered``: those whose answer came
         self.answered: set[int] = set()
         self.waiting: dict[int, dict] = {}  # rank -> the collective it has waited in for a while
+        self.idle: dict[int, dict] = {}  # rank -> its last ``idle`` event (back waiting: group, seq, notes)
         self.mismatch = False  # the failure is ranks waiting in collectives that never meet (said in full)
         self.rebuilding: int | None = None  # the generation the ranks are rebuilding the group to
         self.awaited_said = False  # the cell was told which rank it still waits for
         self.given_up = False  # ■ again while ranks were still coming back: the user wants no more waiting
+
+    @property
+    def rank_logs_made(self) -> bool:
+        """A request's ranks have their log files: the start's own run made them."""
+        return self.req_id != 0
 
     @property
     def stop_grace_s(self) -> float | None:
@@ -92,7 +98,7 @@ class LiveRunEngine(Engine):
         workers = self.session.world.group.workers
         recorder.add_ranks(((w.rank, w.pid) for w in workers if w.rank in self.ranks), request=self.req_id)
         recorder.report.session = self.label
-        recorder.segments = self.session.world.engine.segments  # the world's: big return values in shared memory
+        recorder.segments = self.session.world.segments  # the world's: big return values in shared memory (or None)
         self.recorder = recorder
         if self.blob is not None:
             self.session.world.send(self.ranks, self.blob)
@@ -109,9 +115,15 @@ class LiveRunEngine(Engine):
             self.asked = {w.rank for w in running} - set(self._control("where", running))
             self._interrupt()
 
+    def observe(self, observers) -> None:
+        observers.watch(self.on_event, kinds=("where", "waiting", "idle"))
+
     def on_event(self, rank: int, kind: str, payload) -> None:
-        """The recorder's hook: where a stopped rank was; a rank waiting long in a collective."""
-        if kind == "where" and payload.get("cell") == self.req_id:
+        """What this request watches: where a stopped rank was; a rank waiting long in a collective; a rank
+        back at idle (the process-group generation and collective count it came back with)."""
+        if kind == "idle":
+            self.idle[rank] = payload
+        elif kind == "where" and payload.get("cell") == self.req_id:
             self.answered.add(rank)
             if not payload.get("done"):
                 self.where[rank] = payload
@@ -125,7 +137,7 @@ class LiveRunEngine(Engine):
                 self.session.world.group,
                 recorder,
                 until=lambda: self._over(recorder),
-                readers=self.session.world.readers,
+                mux=self.session.world.mux,
             )
         return self.loop.poll(wait_s)
 
@@ -201,11 +213,7 @@ class LiveRunEngine(Engine):
 
     def _interrupt(self) -> None:
         self.signalled_at = time.monotonic()
-        for w in self._running():
-            try:
-                os.killpg(w.pid, signal.SIGINT)
-            except (ProcessLookupError, PermissionError):
-                pass
+        self.session.world.interrupt(self._running())
 
     def _back(self, rank: int) -> bool:
         return self.recorder is not None and self.recorder.rank_state(rank) is RankState.IDLE
@@ -240,10 +248,8 @@ class LiveRunEngine(Engine):
         keys = {(c["collective"], c["seq"]) for c in calls.values()}
         if not finished and len(keys) == 1:
             return  # every rank waits in the same collective: slow, not stuck
-        what = "; ".join(
-            f"rank {r} in {c['collective']} (collective #{c['seq']}) at {c['line']}" for r, c in calls.items()
-        )
-        ended = {r: rec.idle.get(r, {}) for r in finished}  # their idle: the collective count they ended at
+        what = "; ".join(place_line(r, c["line"], collective=c["collective"], seq=c["seq"]) for r, c in calls.items())
+        ended = {r: self.idle.get(r, {}) for r in finished}  # their idle: the collective count they ended at
         if finished:
             names = ", ".join(map(str, finished))
             counts = ", ".join(f"rank {r} at collective #{i.get('seq')}" for r, i in ended.items())
@@ -265,7 +271,7 @@ class LiveRunEngine(Engine):
         alive = self._alive()
         if len(alive) < self.session.plan.num_processes:
             return False  # a rank is gone: the world is restarted instead
-        seqs = {recorder.idle.get(w.rank, {}).get("seq") for w in alive if w.rank in recorder.idle}
+        seqs = {self.idle.get(w.rank, {}).get("seq") for w in alive if w.rank in self.idle}
         if not self.aborted and len(seqs) <= 1:
             return False
         gen = self.session.world.next_generation()
@@ -277,7 +283,7 @@ class LiveRunEngine(Engine):
     def _awaited(self, recorder) -> list[int]:
         """The live ranks this request still waits for: not back to idle, or (rebuilding) not on the new group."""
         if self.rebuilding is not None:
-            return [w.rank for w in self._alive() if recorder.idle.get(w.rank, {}).get("group") != self.rebuilding]
+            return [w.rank for w in self._alive() if self.idle.get(w.rank, {}).get("group") != self.rebuilding]
         return [w.rank for w in self._running()]
 
     def _say_awaited(self, recorder) -> None:
@@ -314,18 +320,19 @@ class LiveRunEngine(Engine):
         workers = self.session.world.group.workers
         if any(w.status is not None for w in workers):
             return True
-        if not all(recorder.idle.get(w.rank, {}).get("group") == gen for w in workers):
+        if not all(self.idle.get(w.rank, {}).get("group") == gen for w in workers):
             return False
-        if not any(recorder.idle[w.rank].get("rebuild_failed") for w in workers):
+        if not any(self.idle[w.rank].get("rebuild_failed") for w in workers):
             self.rebuilt = gen
-            self.rebuild_notes = sorted({n for w in workers for n in recorder.idle[w.rank].get("notes", ())})
+            self.rebuild_notes = sorted({n for w in workers for n in self.idle[w.rank].get("notes", ())})
         return True
 
     def _where_lines(self) -> list[str]:
         return list(self._where_by_rank().values())
 
     def _where_by_rank(self) -> dict[int, str]:
-        """Each stopped rank's place ("rank 1 was at cell In[3], line 2, calling sleep()"), but the root cause's."""
+        """Each stopped rank's place ("rank 1: cell In[3], line 2, calling sleep()", ``rank_place``), but the root
+        cause's."""
         lines = {}
         for rank in sorted(self.where):
             w = self.where[rank]
@@ -333,15 +340,11 @@ class LiveRunEngine(Engine):
             if root is not None and root.rank == rank:
                 continue  # the root cause: its own traceback says where it was
             if w.get("line") is None and w.get("seq") is None:
-                lines[rank] = f"rank {rank} had not started the cell"
+                lines[rank] = f"rank {rank}: had not started the cell"
                 continue
-            coll = f", waiting in {w['collective']} (collective #{w['seq']})" if w.get("collective") else ""
-            if not coll and w.get("inside"):  # a torch function that waits in C++ (DDP's parameter checks, say)
-                coll = f", inside {w['inside']}"
-            elif not coll and w.get("calling"):  # a C function called from the line itself (sleep, wait, item)
-                coll = f", calling {w['calling']}()"
-            at = f"was at {w['line']}" if w.get("line") else "was not in the cell's code (starting or ending it)"
-            lines[rank] = f"rank {rank} {at}{coll}"
+            at = w.get("line") or "not in the cell's code (starting or ending it)"
+            detail = {k: w.get(k) for k in ("collective", "seq", "inside", "calling")}
+            lines[rank] = place_line(rank, at, **detail)
         return lines
 
     def _broken(self, recorder) -> str | None:
@@ -362,7 +365,7 @@ class LiveRunEngine(Engine):
                 return "■ was pressed again while the ranks were rebuilding the process group, so the wait was given up"
             return "the process group could not be rebuilt in the same processes"
         if self.rebuilt is None and set(self.ranks) == {w.rank for w in workers}:
-            seqs = {r: recorder.idle[r].get("seq") for r in self.ranks}
+            seqs = {r: self.idle[r].get("seq") for r in self.ranks}
             if None not in seqs.values() and len(set(seqs.values())) > 1:
                 counts = ", ".join(f"rank {r}: {s}" for r, s in sorted(seqs.items()))
                 return (

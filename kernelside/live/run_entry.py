@@ -218,7 +218,7 @@ class LiveRunEntry(RunTracker):
 
     def _engine_key(self):
         rec = getattr(self.engine, "recorder", None)
-        return None if rec is None else (rec.report.state, len(rec.report.failures), len(rec.idle))
+        return None if rec is None else (rec.report.state, len(rec.report.failures), len(self.engine.idle))
 
     def snapshot(self, state: RunState, *, final: bool = False, error=None) -> dict:
         """The JSON-ready state of the session (``state``: starting | idle | running | done | stopped | failed)."""
@@ -246,7 +246,7 @@ class LiveRunEntry(RunTracker):
         return out
 
     def _ranks(self, state: RunState) -> list[dict]:
-        world = self.session.world if self.session.world.engine is not None else None
+        world = self.session.world if self.session.world.started else None
         rec = getattr(self.engine, "recorder", None)
         in_request = {r.rank: r.state for r in rec.report.ranks} if rec is not None else {}
         rows = []

@@ -42,10 +42,20 @@ from .names import NameSender
 from .request import LiveRequest, one_request_at_a_time
 from .request_engine import RESTARTED, LiveRunEngine
 from .run_entry import NEXT_CELL, PANEL_STOPPED, LiveRunEntry
-from .world import Verdict, World, WorldFate, WorldState, world_plan
+from .world import Verdict, World, WorldBase, WorldFate, WorldState, world_plan
 
 current = registry.current  # this kernel's live session, or None
 STOPPED = "nblaunch: this live session was stopped; start a new one with %distributed_start."
+
+
+def make_world(plan, log_dir: str, out, err, *, render: str, namespace) -> WorldBase:
+    """The world of this plan: the ranks as this machine's processes, or as actors on a Ray cluster
+    (``live.ray_world``, imported only then: Ray is an optional extra)."""
+    if plan.engine == "ray":
+        from .ray_world import RayWorld
+
+        return RayWorld(plan, log_dir, out, err, render=render)
+    return World(plan, log_dir, out, err, render=render, namespace=namespace)
 
 
 class LiveSession:
@@ -58,7 +68,7 @@ class LiveSession:
         self.ids = itertools.count(1)
         self.logs = contextlib.ExitStack()
         self.log_dir = self.logs.enter_context(run_log_dir(self.plan.log_dir))
-        self.world = World(self.plan, self.log_dir, out, err, render=self.render, namespace=notebook_namespace)
+        self.world = make_world(self.plan, self.log_dir, out, err, render=self.render, namespace=notebook_namespace)
         self.names = NameSender()
         self.life = threading.RLock()  # held by every request; the panel's Stop between cells takes it too
         self.runs = LiveRunEntry(self)  # the session's entry in the launch panel's Runs view, and its Stop
@@ -69,15 +79,7 @@ class LiveSession:
     @interrupts.deferring(interrupts.SESSION_NOT_STARTED)
     def start(cls, arguments: dict, config: str | None = None, *, out=None, err=None) -> LiveSession:
         """Start the ranks and return once every one is ready (its process group is up)."""
-        running = registry.current()
-        if running is not None and not running.world.up:
-            registry.set_current(None)  # stopped from the launch panel between cells
-            running = None
-        if running is not None:
-            raise LaunchError(
-                "nblaunch: a live session is already running in this kernel "
-                f"({running.describe()}). Stop it first (%distributed_stop), or restart it (%distributed_restart)."
-            )
+        registry.refuse_a_second()
         session = cls(arguments, config, out or sys.stdout, err or sys.stderr)
         try:
             for notice in session.plan.notices:
@@ -88,7 +90,7 @@ class LiveSession:
                 session._execute(engine, LaunchRequest(fn=None), session.plan)
                 session.world.ready()
             # the start cell's status line, told when the session ends (else it would say "2 ready" for ever)
-            session.start_display = engine.recorder.display if engine.recorder is not None else None
+            session.start_display = engine.recorder.observers.display if engine.recorder is not None else None
         except KeyboardInterrupt as e:
             session._close(RunState.FAILED, e)
             raise CellInterrupted(interrupts.SESSION_NOT_STARTED) from None
@@ -139,7 +141,8 @@ class LiveSession:
         self.runs.restarted()
 
     def _new_names(self, namespace: dict) -> None:
-        self.names = NameSender.for_new_ranks(namespace if self.plan.start_method == "fork" else None)
+        inherited = namespace if self.plan.start_method == "fork" else None
+        self.names = NameSender.for_new_ranks(inherited, folder=self.world.segments)
 
     def _start_engine(self) -> LiveRunEngine:
         engine = LiveRunEngine(self, 0, range(self.plan.num_processes), blob=None, timeout=None, label="live session")
@@ -209,19 +212,26 @@ class LiveSession:
             self._act(Verdict(WorldFate.RESTART, reason), what="the live session was restarted, but its new ranks")
 
     def _request(self, request: LiveRequest):
-        ranks = request.chosen_ranks(self.plan.num_processes)
-        req_id = next(self.ids)
-        blob = request.message(req_id, self.plan.progress)
+        try:
+            ranks = request.chosen_ranks(self.plan.num_processes)
+            req_id = next(self.ids)
+            blob = request.message(req_id, self.plan.progress)
+        except BaseException:
+            self.names.drop_segments()  # nothing went
+            raise
+        for note in self.names.take_notes():
+            self.err.write(note + "\n")
         plan = request.plan_for(self.plan, ranks)
         engine = LiveRunEngine(self, req_id, ranks, blob=blob, timeout=plan.timeout, label=request.label(req_id))
         del blob
         try:
-            return self._run(engine, LaunchRequest(fn=request.fn, return_all=True, on_event=engine.on_event), plan)
+            return self._run(engine, LaunchRequest(fn=request.fn, return_all=True), plan)
         except WorkerError as e:
             if e.rank is not None and not engine.verdict.restarts:  # its rank still holds the failed frames
                 e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
             raise
         finally:
+            self.names.drop_segments()  # every rank is back to idle (or gone): what they mapped stays theirs
             if engine.blob is None and not engine.verdict.restarts:  # the ranks have the values now
                 self.names.sent(request.values, request.assigned)
 
@@ -276,7 +286,7 @@ class LiveSession:
         )
         engine.render = "text"  # a pdb conversation with one rank: its lines in the cell, no status line or rank tabs
         with keeping_last_report():  # %distributed_last stays the failed cell's report
-            self._run(engine, LaunchRequest(fn=None, on_event=engine.on_event), plan)
+            self._run(engine, LaunchRequest(fn=None), plan)
 
     # -- what it is ------------------------------------------------------------------------
     @property

@@ -11,6 +11,11 @@ restart before the next request says ``broken_because``; ``start()`` / ``restart
 ``close()`` --> ``CLOSED``, for good. ``generation`` counts the default process groups rebuilt in place
 after a failure (``live.request_engine``); ``restarts`` the new sets of processes.
 
+Two worlds share this interface (``WorldBase``): ``World``, the ranks as this machine's processes, and
+``live.ray_world.RayWorld``, the ranks as actors on a Ray cluster (``live.session.make_world`` picks one by
+the plan's engine).
+The session, the request engine, the Runs entry and the display never ask which one runs.
+
 What runs on it, and when it is restarted, is the session's (``live.session``): each request's engine
 says what became of the world (a ``live.request_engine.Verdict``), and the session acts on it.
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import os
+import signal
 import time
 
 import cloudpickle
@@ -33,6 +39,8 @@ import cloudpickle
 from ..channel import EventReader, frame, write_frame
 from ..config import resolve_config
 from ..engines.local import LocalEngine
+from ..engines.local_group import write_all
+from ..engines.local_loop import RankMux
 from ..errors import LaunchConfigError
 from ..launch.recorder import live_rank_state
 from ..launch.request import LaunchRequest
@@ -81,32 +89,39 @@ KEPT_WORLD = Verdict(WorldFate.KEPT)
 
 def world_plan(arguments: dict, config: str | None, err):
     """The resolved configuration and the plan of a world of these settings (its warnings written to ``err``);
-    a world runs its ranks on this machine, so another engine is refused before anything starts."""
+    a world runs its ranks on this machine or on a Ray cluster, so another engine (torch's elastic launcher,
+    ``num_machines`` > 1) is refused before anything starts."""
     cfg = resolve_config(arguments, config=config)
     for w in cfg.warnings:
         err.write(f"nblaunch: {w}\n")
     plan = plan_for(cfg)
-    if plan.engine != "local":
+    if plan.engine not in ("local", "ray"):
         raise LaunchConfigError(
             "engine",
             plan.engine,
             None,
-            message=f"a live session runs its ranks on this machine; engine={plan.engine!r} (from "
-            f"{'num_machines' if plan.engine == 'elastic' else 'engine'}) is not supported for it. "
-            "Use a one-shot %%distributed cell for that engine. Nothing was started.",
+            message=f"a live session runs its ranks on this machine or on a Ray cluster (engine='ray'); "
+            f"engine={plan.engine!r} (from {'num_machines' if plan.engine == 'elastic' else 'engine'}) is not "
+            "supported for it. Use a one-shot %%distributed cell for that engine, or engine='ray' for live ranks "
+            "on several machines. Nothing was started.",
         )
     return cfg, plan
 
 
-class World:
-    """The ranks of a live session; see the module docstring."""
+class WorldBase:
+    """The world interface: what the session, the request engine, the Runs entry and the display use, whatever
+    runs the ranks. Once started, ``group`` has ``workers`` (each with ``rank``, ``pid``, ``status``, ``pidfd``: an
+    fd readable once the rank ended, and ``pipes``: the kernel's ends of its stdout, stderr, events, replies and
+    requests channels), ``poll(w)`` and ``signal_all(sig)``. ``start()``, ``close()``, ``interrupt()``,
+    ``describe()`` and ``status()`` are each implementation's; the verbs of a request's life are shared."""
 
-    def __init__(self, plan, log_dir: str, out, err, *, render: str, namespace):
-        """``namespace()``: the kernel's namespace, which forked ranks inherit (spawned ones start empty)."""
+    group = None  # the implementation's, once started
+    port = None  # the rendezvous store's
+    segments = None  # a shared-memory folder for big return values, where every rank is on this machine
+
+    def __init__(self, plan, log_dir: str, out, err, *, render: str):
         self.plan, self.log_dir, self.out, self.err, self.render = plan, log_dir, out, err, render
-        self.namespace = namespace
-        self.engine: LocalEngine | None = None
-        self.readers: list[EventReader] = []
+        self.mux: RankMux | None = None  # the ranks' selector and ordered readers, one for every request
         self.cells_run: list[int] = []
         self.state = WorldState.STARTING
         self.broken_because: str | None = None
@@ -116,35 +131,21 @@ class World:
         self.made_at = time.monotonic()
 
     @property
-    def group(self):
-        return self.engine.group
-
-    @property
-    def port(self) -> int:
-        return self.engine.port
+    def started(self) -> bool:
+        """The ranks were started once (they may have ended since): ``group`` lists them."""
+        return self.group is not None
 
     def start(self) -> dict:
-        """Start the processes (they come up in the session's start-up request); the namespace they inherit."""
-        fork = self.plan.start_method == "fork"
-        ns = self.namespace() if fork else {}
-        blob = None if fork else cloudpickle.dumps(None)
-        engine = LocalEngine(
-            LaunchRequest(fn=None),
-            self.plan,
-            self.log_dir,
-            self.out,
-            self.err,
-            render=self.render,
-            spawn_blob=blob,
-            live_namespace=ns,
-        )
-        engine.prepare()
-        self.engine = engine
-        engine.start_ranks()
-        self.readers = [EventReader() for _ in engine.group.workers]
-        self.cells_run = [0] * len(engine.group.workers)
-        self.state, self.broken_because = WorldState.STARTING, None
-        return ns
+        """Start the ranks (they come up in the session's start-up request); the namespace they inherit."""
+        raise NotImplementedError
+
+    def close(self, grace: float) -> None:
+        """Every rank ends; nothing is left. Safe to call twice."""
+        raise NotImplementedError
+
+    def interrupt(self, workers) -> None:
+        """SIGINT (``KeyboardInterrupt`` in its Python code) to each of these busy ranks; returns at once."""
+        raise NotImplementedError
 
     def restart(self) -> dict:
         """The old ranks are gone at once, new ones start (same flags); every rank's state is gone."""
@@ -152,11 +153,14 @@ class World:
         self.restarts += 1
         return self.start()
 
-    def close(self, grace: float) -> None:
-        """Every rank ends (SIGTERM, SIGKILL after ``grace``); nothing is left. Safe to call twice."""
-        if self.engine is not None and self.state is not WorldState.CLOSED:
-            self.engine.close(grace, None)  # (the engine stays: its ended ranks are still listed in the final state)
-        self.state = WorldState.CLOSED
+    def _ranks_up(self) -> None:
+        """The ranks were started: their selector and ordered readers (every request's), their cell counts."""
+        self.mux = RankMux(self.group, [EventReader() for _ in self.group.workers])
+        self.cells_run = [0] * len(self.group.workers)
+
+    def _ranks_gone(self) -> None:
+        if self.mux is not None:
+            self.mux.close()
 
     # -- the verbs of a request's life ---------------------------------------------------------
     def ready(self) -> None:
@@ -181,7 +185,7 @@ class World:
 
     @property
     def up(self) -> bool:
-        return self.engine is not None and self.state is not WorldState.CLOSED
+        return self.started and self.state is not WorldState.CLOSED
 
     def next_generation(self) -> int:
         """The number of the next default process group rebuilt in place (its store prefix)."""
@@ -213,9 +217,11 @@ class World:
             try:
                 os.set_blocking(fd, False)
                 try:
-                    os.write(fd, data)
+                    sent = os.write(fd, data)
                 finally:
                     os.set_blocking(fd, True)
+                if sent < len(data):  # a socket (a Ray world's ranks) may take part of it: the rest must follow
+                    write_all(fd, data[sent:])
             except OSError:  # full (a request not read yet) or gone: the rank's exit or restart says the rest
                 missed.append(w.rank)
         return missed
@@ -228,6 +234,64 @@ class World:
             starting=self.state is WorldState.STARTING,
             in_request=RankState.BUSY if self.state is WorldState.BUSY else None,
         )
+
+
+class World(WorldBase):
+    """The ranks of a live session as this machine's processes; see the module docstring."""
+
+    def __init__(self, plan, log_dir: str, out, err, *, render: str, namespace):
+        """``namespace()``: the kernel's namespace, which forked ranks inherit (spawned ones start empty)."""
+        super().__init__(plan, log_dir, out, err, render=render)
+        self.namespace = namespace
+        self.engine: LocalEngine | None = None
+
+    @property
+    def group(self):
+        return self.engine.group if self.engine is not None else None
+
+    @property
+    def port(self) -> int:
+        return self.engine.port
+
+    @property
+    def segments(self):
+        return self.engine.segments
+
+    def start(self) -> dict:
+        """Start the processes (they come up in the session's start-up request); the namespace they inherit."""
+        fork = self.plan.start_method == "fork"
+        ns = self.namespace() if fork else {}
+        blob = None if fork else cloudpickle.dumps(None)
+        engine = LocalEngine(
+            LaunchRequest(fn=None),
+            self.plan,
+            self.log_dir,
+            self.out,
+            self.err,
+            render=self.render,
+            spawn_blob=blob,
+            live_namespace=ns,
+        )
+        engine.prepare()
+        self.engine = engine
+        engine.start_ranks()
+        self._ranks_up()
+        self.state, self.broken_because = WorldState.STARTING, None
+        return ns
+
+    def close(self, grace: float) -> None:
+        """Every rank ends (SIGTERM, SIGKILL after ``grace``); nothing is left. Safe to call twice."""
+        if self.engine is not None and self.state is not WorldState.CLOSED:
+            self.engine.close(grace, None)  # (the engine stays: its ended ranks are still listed in the final state)
+        self._ranks_gone()
+        self.state = WorldState.CLOSED
+
+    def interrupt(self, workers) -> None:
+        for w in workers:
+            try:
+                os.killpg(w.pid, signal.SIGINT)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def describe(self, arguments: dict) -> str:
         """'2 ranks, gloo, fork; flags num_processes=2; up 31s': the world as the magics name it."""
@@ -246,13 +310,13 @@ class World:
                 "pid": w.pid,
                 "state": self.rank_state(w),
                 "cells": self.cells_run[w.rank],
-                "rss": _rss(w.pid),
+                "rss": rss_of(w.pid),
             }
             for w in self.group.workers
         ]
 
 
-def _rss(pid: int) -> int | None:
+def rss_of(pid: int) -> int | None:
     try:
         with open(f"/proc/{pid}/statm") as fh:
             return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")

@@ -27,6 +27,7 @@ from ..debugger.cell_files import debugged_cell_file
 from ..debugger.kernel_proxy import ranks_debugger_address
 from ..errors import LaunchConfigError
 from ..kernel_shell import running_cell_text
+from ..rank_place import cell_file
 from ..worker.cell_values import CellValues
 from ..worker.context import current as current_worker
 from ..worker.results import unwrap_for_return
@@ -56,16 +57,36 @@ class CellProgram:
             rank_side.connect(self.debugger, ctx.rank)
         lines = self.source.splitlines(keepends=True)
         linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
-        tree = ast.parse(self.source, self.filename)
-        last = None
-        if self.last_expression:
-            last = ast.Expression(tree.body.pop().value)
-        exec(compile(tree, self.filename, "exec"), ns)
-        value = eval(compile(last, self.filename, "eval"), ns) if last is not None else None
+        body, last = self._compiled()
+        exec(body, ns)
+        value = eval(last, ns) if last is not None else None
         returned = {n: unwrap_for_return(ns[n]) for n in self.return_names if n in ns}
         missing = [n for n in self.return_names if n not in ns]
-        available = sorted(n for n, v in ns.items() if not n.startswith("_") and not isinstance(v, types.ModuleType))
-        return CellValues(unwrap_for_return(value), returned, missing, available if missing else [])
+        available = (
+            sorted(n for n, v in ns.items() if not n.startswith("_") and not isinstance(v, types.ModuleType))
+            if missing
+            else []
+        )
+        return CellValues(unwrap_for_return(value), returned, missing, available)
+
+    def _compiled(self):
+        """The cell's code and its last expression's (None without one), compiled once per process and text."""
+        key = (self.source, self.filename, self.last_expression)
+        got = _COMPILED.get(key)
+        if got is None:
+            tree = ast.parse(self.source, self.filename)
+            last = ast.Expression(tree.body.pop().value) if self.last_expression else None
+            got = (compile(tree, self.filename, "exec"), compile(last, self.filename, "eval") if last else None)
+            if len(_COMPILED) >= _COMPILED_MAX:
+                _COMPILED.pop(next(iter(_COMPILED)))
+            _COMPILED[key] = got
+        return got
+
+
+# Per process on purpose: a live rank runs the same cell text again and again (a training step re-run), and its
+# code is the same each time; the oldest goes first past _COMPILED_MAX.
+_COMPILED: dict[tuple, tuple] = {}
+_COMPILED_MAX = 64
 
 
 def _cell_error(message: str) -> LaunchConfigError:
@@ -74,10 +95,9 @@ def _cell_error(message: str) -> LaunchConfigError:
 
 def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_names=()) -> CellProgram:
     """Check and compile the cell in the kernel; raise LaunchConfigError for what cannot run."""
-    filename = f"<%%distributed cell {cell_label}>"
-    debugged = debugged_cell_file(
-        body, running_cell_text()
-    )  # JupyterLab's debugger on: the file its panel knows the cell by
+    filename = cell_file(cell_label)
+    # JupyterLab's debugger on: the file its panel knows the cell by
+    debugged = debugged_cell_file(body, running_cell_text())
     debugger = ""
     if debugged is not None:
         filename, line_offset = debugged

@@ -91,7 +91,8 @@ class LiveMagics(Magics):
         lines = [f"live session: {s.describe()}; restarts {s.restarts}; logs {s.log_dir}"]
         for r in s.status():
             rss = f"{r['rss'] / 2**20:.0f} MiB" if r["rss"] else "?"
-            lines.append(f"  rank {r['rank']}: pid {r['pid']}, {r['state']}, {r['cells']} cells, RSS {rss}")
+            where = f" on node {r['node']} (local rank {r['local_rank']})" if r.get("node") else ""  # (a Ray world)
+            lines.append(f"  rank {r['rank']}: pid {r['pid']}{where}, {r['state']}, {r['cells']} cells, RSS {rss}")
         print("\n".join(lines))
         return None
 

@@ -65,6 +65,12 @@ LAUNCH_FLAGS = (
         type=int,
     ),
     Flag(
+        ("--engine",),
+        "local | ray (on the Ray cluster at ray_address: Ray Train for a cell, actors for live ranks).",
+        key="engine",
+        live=OnLiveCell.SESSION,
+    ),
+    Flag(
         ("--backend",),
         "auto | nccl | gloo (auto: nccl when each rank has its own GPU).",
         key="backend",
@@ -120,9 +126,6 @@ CELL_FLAGS = (
         "Which rank's values --return brings back (default 0); all: each name becomes a list by rank.",
         default="0",
         metavar="RANK|all",
-    ),
-    Flag(
-        ("--engine",), "local | ray (Ray Train on the cluster at ray_address).", key="engine", live=OnLiveCell.SESSION
     ),
     Flag(
         ("--ranks",),

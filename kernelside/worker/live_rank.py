@@ -37,7 +37,7 @@ import threading
 import types
 
 from ..channel import read_frame
-from . import context, live_debug, live_rescue
+from . import context, live_debug, live_rescue, result_segments
 from .context import stamp
 from .lifecycle import RankEnd, error_payload, run_work, start_rank
 
@@ -85,9 +85,16 @@ def _on_sigint(signum, frame):
     LIVE_RANK.pending = True
 
 
+_STATM: dict[int, int] = {}  # pid -> its /proc/self/statm, opened once: every idle reads it again (pread)
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
 def _rss() -> int:
-    with open("/proc/self/statm") as fh:
-        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    pid = os.getpid()  # (a process forked from this one opens its own)
+    fd = _STATM.get(pid)
+    if fd is None:
+        fd = _STATM[pid] = os.open("/proc/self/statm", os.O_RDONLY | os.O_CLOEXEC)
+    return int(os.pread(fd, 128, 0).split()[1]) * _PAGE
 
 
 def _idle(events, req_id: int, **extra) -> None:
@@ -210,8 +217,8 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
     import dataclasses
 
     try:
-        for name, blob in req.get("names", {}).items():
-            namespace[name] = pickle.loads(blob)
+        for name, blob in req.get("names", {}).items():  # big ones mapped from the kernel's segment
+            namespace[name] = result_segments.loads_shared(blob, spec.result_segments)
         fn = pickle.loads(req["fn"])
         args, kwargs = pickle.loads(req["args"]) if req.get("args") else ((), {})
     except BaseException as e:  # noqa: B036

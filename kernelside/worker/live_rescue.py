@@ -27,7 +27,7 @@ to name mismatched collectives (rank 0 in ``barrier``, rank 1 in ``all_reduce``)
 Example (in a rank)::
 
     >>> where_main()                                   # doctest: +SKIP
-    {'line': '<%%distributed cell [4]>, line 5', 'collective': 'barrier', 'inside': None, 'seq': 7}
+    {'line': 'cell In[4], line 5', 'collective': 'barrier', 'inside': None, 'seq': 7}
     >>> abort_group(inherited); rebuild_group(2, namespace)   # doctest: +SKIP
 """
 
@@ -39,6 +39,7 @@ import socket
 import sys
 import threading
 
+from ..rank_place import cell_place
 from ..short_traceback import is_nblaunch_file
 from . import group_owner
 
@@ -94,8 +95,7 @@ def where_main(frame=None, detail: bool = True) -> dict:
             break
         if "/torch/" in path or "/site-packages/" in path or "/lib/python" in path:
             continue
-        where = f"{path}, line {f.f_lineno}"
-        line = where if path.startswith("<%%distributed cell") else f"{where}, in {f.f_code.co_name}"
+        line = cell_place(path, f.f_lineno) or f"{path}, line {f.f_lineno}, in {f.f_code.co_name}"
         break
     calling = _calling(stack[0]) if detail and stack and collective is None and inside is None and line else None
     return {

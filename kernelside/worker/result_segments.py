@@ -93,8 +93,8 @@ def _remove_abandoned(base: str, base_fd: int) -> None:
 class _Sink:
     """One rank's segment file, written buffer by buffer as the pickler meets them."""
 
-    def __init__(self, folder: str, rank: int):
-        self.folder, self.name = folder, f"rank{rank}-{secrets.token_hex(4)}.seg"
+    def __init__(self, folder: str, owner: str):
+        self.folder, self.name = folder, f"{owner}-{secrets.token_hex(4)}.seg"
         self.fd: int | None = None
         self.created = False  # the file exists (it is made at the first big buffer)
         self.size = 0
@@ -141,11 +141,12 @@ class _Sink:
             self.created = False
 
 
-def dumps_with_segments(value, folder: str, rank: int, pickler_class) -> bytes:
-    """Pickle ``value`` with ``pickler_class`` (protocol 5), its big buffers in a segment file in ``folder``."""
+def dumps_with_segments(value, folder: str, rank: int | str, pickler_class) -> bytes:
+    """Pickle ``value`` with ``pickler_class`` (protocol 5), its big buffers in a segment file in ``folder``
+    (named after ``rank``, or the string given: the kernel's pushes are ``push``)."""
     import io
 
-    sink = _Sink(folder, rank)
+    sink = _Sink(folder, f"rank{rank}" if isinstance(rank, int) else rank)
     buf = io.BytesIO()
     try:
         pickler_class(buf, protocol=5, buffer_callback=sink.keep).dump(value)
@@ -187,6 +188,44 @@ def rebuild_tensor(storage, dtype, offset: int, size: tuple, stride: tuple, requ
     if parameter:
         return torch.nn.Parameter(t, requires_grad=requires_grad)
     return t.requires_grad_(requires_grad) if requires_grad else t
+
+
+def header(body) -> tuple[str, list, int, str] | None:
+    """(segment name, buffer table, bytes that fell back to the pickle, why) of a body with segments, or None."""
+    view = memoryview(body)
+    if view[: len(_MAGIC)] != _MAGIC:
+        return None
+    (n,) = _HEAD.unpack(view[len(_MAGIC) : len(_MAGIC) + _HEAD.size])
+    at = len(_MAGIC) + _HEAD.size
+    return pickle.loads(view[at : at + n])
+
+
+def loads_shared(body, folder: str):
+    """A body the kernel wrote for every rank (a push): its segment mapped copy-on-write, so each rank's changes
+    stay its own and what no rank changes stays one copy in memory. The kernel removes the file after the request."""
+    view = memoryview(body)
+    head = header(view)
+    if head is None:
+        return pickle.loads(view)
+    name, table, _, _ = head
+    inner = _inner(view)
+    if not name:
+        return pickle.loads(inner)
+    if not folder or os.path.basename(name) != name:
+        raise ValueError(f"a pushed value names segment {name!r} outside this session's folder")
+    fd = open_in(folder, name, os.O_RDONLY)
+    try:
+        size = os.fstat(fd).st_size
+        segment = mmap.mmap(fd, size, flags=mmap.MAP_PRIVATE | _POPULATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)
+    mv = memoryview(segment)
+    return pickle.loads(inner, buffers=[mv[o : o + n] for o, n in table])
+
+
+def _inner(view: memoryview) -> memoryview:
+    (n,) = _HEAD.unpack(view[len(_MAGIC) : len(_MAGIC) + _HEAD.size])
+    return view[len(_MAGIC) + _HEAD.size + n :]
 
 
 # -- the kernel's side -------------------------------------------------------------------------------

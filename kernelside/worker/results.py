@@ -53,29 +53,11 @@ def _to_cpu_pickler(segments: bool = False):
             super().__init__(*args, **kwargs)
             self._storages: dict[tuple[int, int], object] = {}  # one object per storage: pickle's memo shares it
 
-        def _by_storage(self, t):
-            storage = t.untyped_storage()
-            key = (storage.data_ptr(), storage.nbytes())
-            storage = self._storages.setdefault(key, storage)
-            return (
-                result_segments.rebuild_tensor,
-                (
-                    storage,
-                    t.dtype,
-                    t.storage_offset(),
-                    tuple(t.size()),
-                    t.stride(),
-                    t.requires_grad,
-                    isinstance(t, torch.nn.Parameter),
-                ),
-            )
-
         def reducer_override(self, obj):
             if segments:
-                if isinstance(obj, torch.UntypedStorage):
-                    return result_segments.reduce_storage(obj)
-                if _plain_cpu_tensor(obj, torch):
-                    return self._by_storage(obj)
+                reduced = segment_reduction(self._storages, obj, torch)
+                if reduced is not None:
+                    return reduced
             if isinstance(obj, (type, types.FunctionType)) and _KERNEL_MAIN_OBJECTS.get(
                 getattr(obj, "__qualname__", None)
             ) == id(obj):
@@ -95,6 +77,20 @@ def _to_cpu_pickler(segments: bool = False):
             return super().reducer_override(obj)
 
     return ToCPUPickler
+
+
+def segment_reduction(storages: dict, obj, torch):
+    """How a big plain CPU tensor, or a storage, pickles with its bytes out of band (result_segments.py); None
+    for anything else. ``storages``: the pickler's own, one object per storage, so that pickle's memo shares it
+    (views and tied weights keep sharing one storage)."""
+    if isinstance(obj, torch.UntypedStorage):
+        return result_segments.reduce_storage(obj)
+    if not _plain_cpu_tensor(obj, torch):
+        return None
+    storage = obj.untyped_storage()
+    storage = storages.setdefault((storage.data_ptr(), storage.nbytes()), storage)
+    layout = (obj.dtype, obj.storage_offset(), tuple(obj.size()), obj.stride(), obj.requires_grad)
+    return (result_segments.rebuild_tensor, (storage, *layout, isinstance(obj, torch.nn.Parameter)))
 
 
 def _plain_cpu_tensor(obj, torch) -> bool:

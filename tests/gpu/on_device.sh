@@ -10,7 +10,9 @@
 # 4. runs the GPU benchmarks (bench.log): bench/gpu_launch.py (launch cost, N = 1, NCCL, against torchrun
 #    and Accelerate's notebook_launcher), bench/gpu_steady.py (steady DDP steps/s against torchrun, paired,
 #    NCCL), bench/gpu_steady.py --ranks-per-gpu 2 (two ranks sharing each card through gloo), and
-#    bench/live_recovery.py --backend nccl --quick (recovery in place against a restart; two GPUs and up);
+#    bench/live_recovery.py --backend nccl --quick (recovery in place against a restart; two GPUs and up),
+#    bench/gpu_ranks.py --quick (issue 34: a CUDA result's and a push's way through shared memory, live cells
+#    and one-shot launches at 2, 4 and 8 ranks; runs only in what is left of the total budget);
 # 5. writes OUTDIR/summary.md: pass/fail per test, versions, nvidia-smi, the bench tables.
 # Sized for about 7 minutes on one H200. Each stage has a hard cap, and the whole run a deadline
 # (TOTAL_BUDGET_S): a benchmark gets at most what is left of it and is skipped under 20 s, so the run
@@ -18,7 +20,8 @@
 # Environment: PY (python3), GPU_WHEELS (.gpu-wheels), GPU_TEST_TIMEOUT (120 s per test),
 # TOTAL_BUDGET_S (465), TESTS_BUDGET_S (270: no test starts after 210 s, so pytest ends and writes junit.xml),
 # LAUNCH_BENCH_BUDGET_S (40), STEADY_BENCH_BUDGET_S (95), SHARED_BENCH_BUDGET_S (45),
-# RECOVERY_BENCH_BUDGET_S (60; seconds on one GPU, which it says cannot hold two NCCL ranks), SKIP_BENCH=1.
+# RECOVERY_BENCH_BUDGET_S (60; seconds on one GPU, which it says cannot hold two NCCL ranks),
+# RANKS_BENCH_BUDGET_S (120), SKIP_BENCH=1.
 set -u -o pipefail
 OUT=${1:?usage: bash tests/gpu/on_device.sh OUTDIR}
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -96,7 +99,8 @@ TOTAL=${TOTAL_BUDGET_S:-465}
 BENCHES="gpu_launch|${LAUNCH_BENCH_BUDGET_S:-40}|--runs 3
 gpu_steady|${STEADY_BENCH_BUDGET_S:-95}|--pairs 4 --steps 60
 gpu_steady shared|${SHARED_BENCH_BUDGET_S:-45}|--ranks-per-gpu 2 --pairs 2 --steps 10 --warmup 3
-live_recovery nccl|${RECOVERY_BENCH_BUDGET_S:-60}|--backend nccl --quick"
+live_recovery nccl|${RECOVERY_BENCH_BUDGET_S:-60}|--backend nccl --quick
+gpu_ranks|${RANKS_BENCH_BUDGET_S:-120}|--quick"
 if [ "${SKIP_BENCH:-0}" != 1 ]; then
     while IFS='|' read -r name cap args; do
         left=$((TOTAL - SECONDS))

@@ -11,6 +11,7 @@ rank 1 from two GPUs on, the only rank on one GPU. Rank 1 with peers on one card
 from __future__ import annotations
 
 import pytest
+from harness import answers
 
 pytestmark = pytest.mark.usefixtures("gpu_left_clean")
 
@@ -18,11 +19,6 @@ pytestmark = pytest.mark.usefixtures("gpu_left_clean")
 @pytest.fixture(scope="module")
 def kernel(kernel_with, tmp_path_factory):
     return kernel_with(cwd=tmp_path_factory.mktemp("gpu-debugger"))
-
-
-def _answers(*values):
-    it = iter(values)
-    return lambda prompt, password: next(it)
 
 
 def test_breakpoint_on_the_last_nccl_rank_prompts_in_the_cell_and_its_collective_completes(kernel, gpus):
@@ -37,7 +33,7 @@ if rank == {stop}:
 dist.all_reduce(x)  # the other ranks wait here, in NCCL, for the rank in the debugger
 (dist.get_backend(), x.device.type, x.item())
 """,
-        on_input=_answers("p x.item()", "n", "p y", "c"),
+        on_input=answers("p x.item()", "n", "p y", "c"),
         timeout=180,
     ).ok()
     assert [r["prompt"] for r in cell.input_requests] == [f"(rank {stop}) (Pdb) "] * 4
@@ -62,7 +58,7 @@ t = torch.ones(1, device="cuda")
 dist.all_reduce(t)
 (before == timeout(), before, t.item())
 """,
-        on_input=_answers("p secret", "p timeout()", "c"),
+        on_input=answers("p secret", "p timeout()", "c"),
         timeout=180,
     ).ok()
     assert [r["prompt"] for r in cell.input_requests] == [f"(rank {stop}) (Pdb) "] * 3
@@ -85,7 +81,7 @@ if rank == 1:
 dist.all_reduce(x)
 (dist.get_backend(), str(x.device), x.item())
 """,
-        on_input=_answers("p x.item()", "n", "p y", "c"),
+        on_input=answers("p x.item()", "n", "p y", "c"),
         timeout=180,
     ).ok()
     assert [r["prompt"] for r in cell.input_requests] == ["(rank 1) (Pdb) "] * 4

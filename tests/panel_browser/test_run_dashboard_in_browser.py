@@ -162,7 +162,11 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         run.locator(".nblaunch-run-open").click()
         expect(page.locator(".nblaunch-dashboard")).to_have_count(1)
 
-        # Cell [2] shows that cell in its notebook
+        # Cell [2] shows that cell in its notebook (still running: no count shown yet), from another cell
+        _tab(page, "train.ipynb").click()
+        page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+        expect(page.locator(".jp-NotebookPanel .jp-Cell.jp-mod-active")).to_contain_text("%load_ext kernelside")
+        _tab(page, name).click()
         dash.locator(".nblaunch-dash-cell").click()
         expect(page.locator(".jp-NotebookPanel .jp-Cell.jp-mod-active .jp-InputArea-editor")).to_contain_text(
             "%%distributed -n 2"

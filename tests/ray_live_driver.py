@@ -1,0 +1,198 @@
+"""A real kernel with live ranks on a real multi-node Ray cluster (``%distributed_start -n 4 --engine ray``).
+
+Run by test_ray_live.py inside a loopback-only network namespace. This driver starts a
+``ray.cluster_utils.Cluster`` (a head without CPUs, two worker nodes of 2 CPUs each: 4 ranks over 2 nodes),
+a kernel whose ``nblaunch.yaml`` points at it, runs the cells, looks at what is left through Ray's own state
+(the GCS: actors, placement groups) and /proc, stops the cluster and prints one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+
+import ray
+from kernel import Kernel
+from ray.cluster_utils import Cluster
+from ray.util import placement_group_table
+
+STATUS = """
+from kernelside.live import registry
+_s = registry.current()
+print(json.dumps([{k: r[k] for k in ("rank", "pid", "node", "local_rank")} for r in _s.status()]))
+"""
+
+MODEL_CELL = """%%distributed
+import torch, os
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+torch.manual_seed(rank)  # different on each rank: DDP makes them equal
+model = DDP(torch.nn.Linear(4, 1))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 4), torch.randn(16, 1)
+for step in range(12):
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+    print(f"step {step} rank {rank} node {os.environ['NODE_RANK']} local {os.environ['LOCAL_RANK']}", flush=True)
+"""
+
+# every rank's parameters, gathered: equal across nodes after DDP's steps
+CHECKSUM_CELL = """%%distributed --return same,checksum
+w = torch.cat([p.detach().flatten() for p in model.parameters()])
+got = [torch.zeros_like(w) for _ in range(world_size)]
+dist.all_gather(got, w)
+same = all(torch.equal(got[0], g) for g in got)
+checksum = float(w.sum())
+"""
+
+PUSH = "scale = 7\n%distributed_push scale"
+PUSHED_CELL = """%%distributed --return total
+t = torch.tensor([float(scale)])
+dist.all_reduce(t)
+total = t.item()
+"""
+
+ERROR_CELL = """%%distributed
+t = torch.ones(1)
+if rank == 1:
+    raise ValueError("bad shard on rank 1")
+dist.all_reduce(t)
+"""
+
+BARRIER_CELL = """%%distributed
+import time
+if rank == 3:
+    print("rank 3 sleeping", flush=True)
+    while True:
+        time.sleep(0.05)
+if rank == 0:
+    print("rank 0 in barrier", flush=True)
+dist.barrier()
+"""
+
+ORDER_CELL = """%%distributed
+for i in range(200):
+    print(f"line {i}", flush=(i % 7 == 0))
+"""
+
+
+def shown(cell) -> dict:
+    return {
+        "stdout": cell.stdout,
+        "stderr": cell.stderr,
+        "result": (cell.result or {}).get("text/plain"),
+        "error": [cell.error["ename"], cell.error["evalue"]] if cell.error else None,
+    }
+
+
+def timed(k, code, **kw) -> dict:
+    t = time.monotonic()
+    out = shown(k.run(code, timeout=300, **kw))
+    out["s"] = time.monotonic() - t
+    return out
+
+
+def left_in_ray(pids: list[int]) -> dict:
+    """What Ray and /proc still hold of the live ranks: alive actors of the class, placement groups not removed."""
+    actors = [
+        a
+        for a in ray._private.state.actors().values()
+        if a.get("ActorClassName", "").endswith("LiveRankActor") and a.get("State") != "DEAD"
+    ]
+    groups = [g for g in placement_group_table().values() if g.get("state") != "REMOVED"]
+    procs = [p for p in pids if os.path.exists(f"/proc/{p}")]
+    return {"actors": len(actors), "placement_groups": len(groups), "processes": procs}
+
+
+def wait_nothing_left(pids: list[int], timeout: float = 30.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = left_in_ray(pids)
+        if (not left["actors"] and not left["placement_groups"] and not left["processes"]) or (
+            time.monotonic() > deadline
+        ):
+            return left
+        time.sleep(0.2)
+
+
+def main() -> None:
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    for _ in range(2):
+        cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)  # this driver reads Ray's state (the GCS)
+    folder = tempfile.mkdtemp(prefix="nblaunch-ray-live-")
+    with open(os.path.join(folder, "nblaunch.yaml"), "w") as fh:
+        fh.write(f"engine: ray\nray_address: '{cluster.address}'\n")
+    out: dict = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}
+    k = Kernel(cwd=folder)
+    try:
+        k.run("%load_ext kernelside\nimport json").ok()
+        out["unfit"] = timed(k, "%distributed_start -n 5 --engine ray")  # 4 CPUs in the cluster
+        out["unfit_left"] = left_in_ray([])
+        out["start"] = timed(k, "%distributed_start -n 4 --engine ray")
+        out["ranks"] = json.loads(k.run(STATUS).ok().stdout)
+        out["status"] = shown(k.run("%distributed_status"))
+        pids = [r["pid"] for r in out["ranks"]]
+        out["model"] = timed(k, MODEL_CELL)
+        out["checksum"] = timed(k, CHECKSUM_CELL + "\n")
+        out["check1"] = shown(k.run("print(same, checksum)"))
+        out["push"] = timed(k, PUSH)
+        out["pushed"] = shown(k.run(PUSHED_CELL + "\n"))
+        out["pushed_value"] = shown(k.run("print(total)"))
+        out["error"] = timed(k, ERROR_CELL)
+        out["after_error"] = timed(k, CHECKSUM_CELL)
+        out["check2"] = shown(k.run("print(same, checksum)"))
+        out["pids_after_error"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
+
+        pressed = []
+
+        def interrupt_once(kind, content):
+            if "rank 0 in barrier" in content.get("text", "") and not pressed:
+                pressed.append(time.monotonic())
+                k.interrupt()
+
+        out["interrupt"] = shown(k.run(BARRIER_CELL, timeout=120, on_output=interrupt_once))
+        out["interrupt"]["stop_s"] = time.monotonic() - pressed[0] if pressed else None
+        out["after_interrupt"] = timed(k, CHECKSUM_CELL)
+        out["check3"] = shown(k.run("print(same, checksum)"))
+        out["pids_after_interrupt"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
+        out["order"] = timed(k, ORDER_CELL)
+        out["x1"] = [timed(k, "%%distributed\nx = 1\n")["s"] for _ in range(5)]
+        # a rank's process killed during a cell: named, and the world restarted (new actors, same flags)
+        killed = []
+
+        def kill_rank2(kind, content):
+            if "rank 0 in barrier" in content.get("text", "") and not killed:
+                killed.append(pids[2])
+                os.kill(pids[2], 9)
+
+        out["killed"] = timed(k, BARRIER_CELL.replace("rank == 3", "rank == 2"), on_output=kill_rank2)
+        imports = "import torch, torch.distributed as dist\n"
+        fresh = "%%distributed --return total\n" + imports + PUSHED_CELL.split("\n", 1)[1]
+        out["after_kill"] = timed(k, "scale = 1\n%distributed_push scale")  # the new ranks start empty
+        out["after_kill"]["cell"] = shown(k.run(fresh))
+        out["after_kill"]["total"] = shown(k.run("print(total)"))["stdout"]
+        out["pids_after_kill"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
+        pids = pids + out["pids_after_kill"]
+        out["stop"] = timed(k, "%distributed_stop")
+        out["stop_left"] = wait_nothing_left(pids, timeout=10)
+        # the kernel's end with a session up: Ray's and nblaunch's own clean-up leave nothing either
+        out["restart"] = timed(k, "%distributed_start -n 2 --engine ray")
+        pids = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
+        out["second_pids"] = pids
+    except Exception as e:  # what ran so far, with the failure: the test says which step broke
+        out["crash"] = f"{type(e).__name__}: {e}"
+    finally:
+        k.shutdown()
+    out["kernel_end_left"] = wait_nothing_left(out.get("second_pids", []), timeout=30)
+    ray.shutdown()
+    cluster.shutdown()
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""Live ranks on a real multi-node Ray cluster: ``%distributed_start -n 4 --engine ray``.
+
+One cluster start for the whole module (it costs tens of seconds here): ray_live_driver.py starts a
+``ray.cluster_utils.Cluster`` (a head without CPUs and two worker nodes of 2 CPUs each, everything on
+127.0.0.1 in a loopback-only network namespace), a real kernel whose nblaunch.yaml points at it, runs the
+cells, reads what is left through Ray's GCS (actors, placement groups) and /proc, stops the cluster and
+prints what each step showed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+from kernel import REPO
+from netns import run_isolated
+
+pytestmark = [pytest.mark.kernel, pytest.mark.processes]
+
+
+@pytest.fixture(scope="module")
+def shown(starts_kernels):
+    proc = run_isolated([sys.executable, os.path.join(REPO, "tests", "ray_live_driver.py")], timeout=540)
+    assert proc.returncode == 0, proc.stderr[-6000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "crash" not in out, out["crash"]
+    return out
+
+
+def test_four_live_ranks_over_two_ray_nodes_ordered_by_node_with_local_ranks_per_node(shown):
+    ranks = shown["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1, 2, 3]
+    nodes = [r["node"] for r in ranks]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3]  # PACK: two ranks on each worker node, by node
+    assert [r["local_rank"] for r in ranks] == [0, 1, 0, 1]  # counted per Ray node id (both nodes share an IP)
+    assert len({r["pid"] for r in ranks}) == 4  # one actor process per rank
+    assert shown["start"]["error"] is None and "4 ranks on 2 Ray node(s)" in shown["start"]["stdout"]
+    status = shown["status"]["stdout"]
+    for r in ranks:  # %distributed_status names each rank's node
+        assert f"rank {r['rank']}: pid {r['pid']} on node {r['node']} (local rank {r['local_rank']}), idle" in status
+
+
+def test_rank0_output_streams_into_the_cell_in_order_and_no_ray_log_line_reaches_it(shown):
+    lines = shown["model"]["stdout"].splitlines()
+    assert lines == [f"step {i} rank 0 node 0 local 0" for i in range(12)]  # rank 0 only, each line once
+    assert shown["order"]["stdout"] == "".join(f"line {i}\n" for i in range(200))
+    for step in ("model", "order", "start", "stop"):
+        text = shown[step]["stdout"] + shown[step]["stderr"]
+        assert "pid=" not in text and "(LiveRankActor" not in text and "INFO worker.py" not in text
+
+
+def test_ddp_model_stays_on_the_ranks_across_cells_in_sync_across_nodes(shown):
+    assert shown["checksum"]["error"] is None
+    same, checksum = shown["check1"]["stdout"].split()
+    assert same == "True"  # every rank's parameters equal after DDP's steps, on both nodes
+    assert shown["check2"]["stdout"].split() == [same, checksum]  # the same model after the error
+    assert shown["check3"]["stdout"].split() == [same, checksum]  # and after ■
+
+
+def test_push_sends_a_kernel_value_to_every_rank(shown):
+    assert shown["push"]["error"] is None
+    assert shown["pushed_value"]["stdout"] == "28.0\n"  # 7 on each of 4 ranks, all-reduced
+
+
+def test_rank_error_in_all_reduce_rebuilds_the_group_in_the_same_actors(shown):
+    ename, evalue = shown["error"]["error"]
+    assert ename == "WorkerError"
+    assert evalue.startswith("nblaunch: rank 1 failed: ValueError: bad shard on rank 1")
+    assert "rank 0 was at <%%distributed cell" in evalue and "waiting in all_reduce" in evalue
+    assert "the process group was rebuilt in the same processes: every rank kept its state" in evalue
+    assert shown["after_error"]["error"] is None  # the next collective works on the rebuilt group
+    assert shown["pids_after_error"] == [r["pid"] for r in shown["ranks"]]  # same actors, same processes
+
+
+def test_interrupt_reaches_a_busy_ray_rank_and_every_rank_keeps_its_state(shown):
+    stopped = shown["interrupt"]
+    assert stopped["error"][0] == "KeyboardInterrupt", stopped
+    assert "every rank stopped the cell and kept its state" in stopped["error"][1]
+    assert stopped["stop_s"] < 30  # rank 3 in a sleep loop, the others in barrier: all back, no timeout
+    assert shown["after_interrupt"]["error"] is None
+    assert shown["pids_after_interrupt"] == [r["pid"] for r in shown["ranks"]]
+
+
+def test_a_placement_group_that_cannot_fit_fails_the_start_saying_what_was_asked_and_what_is_there(shown):
+    ename, evalue = shown["unfit"]["error"]
+    assert ename == "LaunchConfigError"
+    assert "cannot place 5 live ranks of {CPU 1} each (PACK)" in evalue
+    assert evalue.count(": CPU 2") == 2 and "free now in all: CPU 4" in evalue and "Nothing was started." in evalue
+    assert shown["unfit"]["s"] < 60
+    assert shown["unfit_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+
+
+def test_stop_and_the_kernels_end_leave_no_actor_placement_group_or_process(shown):
+    assert shown["stop"]["error"] is None
+    assert shown["stop_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+    assert shown["restart"]["error"] is None and len(shown["second_pids"]) == 2
+    assert shown["kernel_end_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+
+
+def test_a_killed_rank_process_is_named_and_the_world_restarts_in_new_actors(shown):
+    ename, evalue = shown["killed"]["error"]
+    assert ename == "WorkerError"
+    assert "rank 2 failed: its Ray actor's process ended" in evalue
+    assert "the live session was restarted: its state is gone (new processes, same flags)" in evalue
+    assert shown["killed"]["s"] < 90
+    assert shown["after_kill"]["error"] is None and shown["after_kill"]["cell"]["error"] is None
+    assert shown["after_kill"]["total"] == "4.0\n"  # the new world's 4 ranks run the next cell together
+    new = shown["pids_after_kill"]
+    assert len(new) == 4 and not set(new) & {r["pid"] for r in shown["ranks"]}
