@@ -107,6 +107,9 @@ def load_ipython_extension(ipython):
     from .debugger.undebugged import import_undebugged
 
     import_undebugged(f"{__name__}.notebook.magics")  # (torch's import, untraced with JupyterLab's debugger on)
+    from .debugger.kernel_proxy import install
     from .notebook.magics import register
 
     register(ipython)
+    if getattr(ipython, "kernel", None) is not None:
+        install(ipython.kernel)  # JupyterLab's debugger panel reaches the ranks too

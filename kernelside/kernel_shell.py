@@ -65,3 +65,15 @@ def running_cell_count(shell) -> int:
 def cell_label(shell) -> str:
     """``In[N]`` for the running cell: the file name its code has in a rank's traceback."""
     return f"In[{running_cell_count(shell)}]"
+
+
+def running_cell_text() -> str | None:
+    """The running cell's text exactly as the notebook sent it: the execute request's code (what JupyterLab's
+    debugger hashes to name the cell's file; IPython's history keeps it stripped of trailing newlines)."""
+    kernel = getattr(running_shell(), "kernel", None)
+    try:
+        parent = kernel.get_parent()
+    except Exception:  # noqa: BLE001 - no kernel, or an ipykernel without it: no cell text to give
+        return None
+    code = (parent or {}).get("content", {}).get("code")
+    return code if isinstance(code, str) else None

@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 
+from ..debugger.kernel_proxy import ranks_debugger_address
 from ..worker import tqdm_holders
 from ..worker.entry import RankStart
 from ..worker.lifecycle import RankSpec
@@ -96,7 +97,8 @@ class LocalEngine(Engine):
 
     def specs(self) -> list[RankSpec]:
         plan, req = self.plan, self.req
-        launch = launch_settings(plan, self.render, req.return_all)
+        # (JupyterLab's debugger panel: ranks on this machine connect their debugger to the kernel)
+        launch = {**launch_settings(plan, self.render, req.return_all), "debugger": ranks_debugger_address()}
         extra = {"TORCHELASTIC_RESTART_COUNT": str(req.restart_count)}
         return [
             RankSpec.build(

@@ -22,7 +22,11 @@ import dataclasses
 import linecache
 import types
 
+from ..debugger import rank_side
+from ..debugger.cell_files import debugged_cell_file
+from ..debugger.kernel_proxy import ranks_debugger_address
 from ..errors import LaunchConfigError
+from ..kernel_shell import running_cell_text
 from ..rank_place import cell_file
 from ..worker.cell_values import CellValues
 from ..worker.context import current as current_worker
@@ -36,6 +40,7 @@ class CellProgram:
     last_expression: bool  # the last statement is an expression whose value is the cell's result
     return_names: tuple[str, ...]
     namespace: dict | None = None  # fork: the notebook's own namespace (inherited); spawn: the names shipped
+    debugger: str = ""  # JupyterLab's debugger on: the kernel's address a rank not yet debugged connects to
 
     def with_namespace(self, namespace: dict) -> CellProgram:
         """This program run in ``namespace`` (a copy: the program itself is never changed)."""
@@ -48,6 +53,8 @@ class CellProgram:
         ns = self.namespace if self.namespace is not None else {}
         ns.setdefault("__builtins__", builtins)
         ns.update(rank=ctx.rank, local_rank=ctx.local_rank, world_size=ctx.world_size, device=torch.device(ctx.device))
+        if self.debugger and not rank_side.debugged():  # (a live rank started before the panel set anything)
+            rank_side.connect(self.debugger, ctx.rank)
         lines = self.source.splitlines(keepends=True)
         linecache.cache[self.filename] = (len(self.source), None, lines, self.filename)
         body, last = self._compiled()
@@ -89,6 +96,12 @@ def _cell_error(message: str) -> LaunchConfigError:
 def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_names=()) -> CellProgram:
     """Check and compile the cell in the kernel; raise LaunchConfigError for what cannot run."""
     filename = cell_file(cell_label)
+    # JupyterLab's debugger on: the file its panel knows the cell by
+    debugged = debugged_cell_file(body, running_cell_text())
+    debugger = ""
+    if debugged is not None:
+        filename, line_offset = debugged
+        debugger = ranks_debugger_address()
     source = "\n" * line_offset + body
     try:
         tree = ast.parse(source, filename)
@@ -118,7 +131,9 @@ def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_nam
     except SyntaxError as e:
         raise _cell_error(f"syntax error in the %%distributed cell, line {e.lineno}: {e.msg}.") from None
     last = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(body)
-    return CellProgram(source=source, filename=filename, last_expression=last, return_names=tuple(return_names))
+    return CellProgram(
+        source=source, filename=filename, last_expression=last, return_names=tuple(return_names), debugger=debugger
+    )
 
 
 def _at_top_level(tree: ast.Module, target: ast.AST) -> bool:

@@ -36,6 +36,8 @@ from __future__ import annotations
 import datetime
 import inspect
 
+from ..debugger import rank_side
+
 GROUP_TIMEOUT = datetime.timedelta(hours=2)  # the default group's collective timeout (see above)
 
 
@@ -83,7 +85,9 @@ def _owned_init(original, dist, c10d):
                 timeout = None  # arguments torch itself would refuse: the group is up, nothing to take from them
             # the caller's collective timeout holds for nblaunch's group; torch's own default, which libraries
             # pass on when their user chose none (Lightning's DDP strategy), is no choice: nblaunch's stays
-            if isinstance(timeout, datetime.timedelta) and timeout != c10d.default_pg_timeout:
+            # (in a rank JupyterLab's debugger may hold stopped, peers wait for the person: nblaunch's stays)
+            asked = isinstance(timeout, datetime.timedelta) and timeout != c10d.default_pg_timeout
+            if asked and not rank_side.debugged():
                 c10d._set_pg_timeout(timeout, c10d._get_default_group())
             return None
         return original(*args, **kwargs)

@@ -66,6 +66,7 @@ class RankSpec:
     leaves_with_exit: bool = False
     stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_answer.py); "" for none
     result_segments: str = ""  # the launch's shared-memory folder for big return values (result_segments.py)
+    debugger: str = ""  # the kernel's address for this rank's debugger (JupyterLab's panel on); "" for none
 
     @classmethod
     def build(
@@ -106,6 +107,7 @@ class RankSpec:
             leaves_with_exit=leaves_with_exit,
             stacks_file=stacks_file,
             result_segments=result_segments,
+            debugger=launch.get("debugger", ""),
         )
 
 
@@ -223,6 +225,10 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         lightning_bars.install_in_worker()
         metric_capture.install_in_worker(spec.metrics == "on")
         accelerate_ranks.install_in_worker(spec.device)
+        if spec.debugger:  # last: the kernel configures this rank's debugger, then user code runs
+            from ..debugger import rank_side
+
+            rank_side.connect(spec.debugger, spec.rank)
         return None
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         _report(events, e, phase)
