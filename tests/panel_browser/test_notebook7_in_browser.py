@@ -59,6 +59,8 @@ def test_notebook7_runs_a_cell_and_each_entry_point_opens_its_dashboard_cell_or_
         page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
         link = page.locator(".jp-OutputArea-output a.nblaunch-run-link").first
         expect(link).to_be_visible(timeout=150_000)
+        # the palette's dialog lists the runs as they are when it opens: ask once the ranks are up
+        expect(panel.locator('.nblaunch-run[data-state="running"]')).to_have_count(1, timeout=150_000)
 
         # the palette's "Open run dashboard…" asks which run and opens it beside the notebook
         page.locator(".jp-NotebookPanel .jp-Cell").first.click()
