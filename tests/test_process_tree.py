@@ -32,8 +32,9 @@ def start_strays(path, keep=False):
         os._exit(0)
     os.close(w)
     daemon = int(os.read(r, 32)); os.close(r)
-    with open(path, "w") as f:
-        json.dump([session.pid, daemon], f)
+    from kernelside.run_contract import proc_stat
+    with open(path, "w") as f:  # each with its start time, noted while it surely runs
+        json.dump([[pid, proc_stat(pid)[1]] for pid in (session.pid, daemon)], f)
 """
 
 
@@ -43,13 +44,8 @@ def _alive(pid: int, start: int) -> bool:
 
 
 def _strays(paths) -> list[tuple[int, int]]:
-    out = []
-    for p in paths:
-        for pid in json.loads(p.read_text()):
-            st = _stat(pid)
-            assert st is not None, f"pid {pid} already gone before the check"
-            out.append((pid, st[1]))
-    return out
+    """(pid, start time) of every process the ranks started, as noted when each was surely running."""
+    return [(pid, start) for p in paths for pid, start in json.loads(p.read_text())]
 
 
 def _wait_gone(procs, timeout=10.0) -> list:
