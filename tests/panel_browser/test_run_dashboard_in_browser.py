@@ -5,19 +5,23 @@ from the list, from the palette and from the run's name in the cell's status lin
 dashboard's pane (rank switcher, Follow, search; a cell's log link lands there) follows the run; Stop asks
 once, ends the run, and the cell and dashboard say it was stopped from the dashboard; no process of the run
 is left, and the dashboard comes back after a page reload. A live session's Stop, in the dashboard and in
-the sidebar's runs list, stops its cell and then ends it, the words naming where it was pressed."""
+the sidebar's runs list, stops its cell and then ends it, the words naming where it was pressed; then
+notebooks/live_ranks.ipynb runs to its last cell with Run All."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
+from pathlib import Path
 
 import psutil
 from lab_notebooks import write_notebook
 from playwright.sync_api import expect
 
 PANEL = "#nblaunch-panel"
+REPO = Path(__file__).resolve().parents[2]
 expect.set_options(timeout=60_000)
 
 LONG_CELL = """%%distributed -n 2
@@ -307,3 +311,20 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     _tab(page, "live.ipynb").click()
     expect(start_cell).to_contain_text("session stopped from the launch sidebar's runs list; nothing is left running")
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+    # notebooks/live_ranks.ipynb, Run All in this JupyterLab, reaches its last cell: its failing cells are
+    # tagged raises-exception, and its %debug cell is one a person runs on purpose (no prompt waits)
+    shutil.copy(REPO / "notebooks" / "live_ranks.ipynb", lab_server.root / "live_ranks.ipynb")
+    page.goto(lab_server.page_url("lab/tree/live_ranks.ipynb") + "&reset")  # only this notebook open
+    cells = page.locator(".jp-NotebookPanel .jp-Cell")
+    cells.first.click()
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    expect(cells.last).to_contain_text("live session stopped; nothing is left running", timeout=240_000)
+    expect(cells.filter(has_text="training went on to step 90")).to_have_count(1)
+    expect(page.locator(".jp-NotebookPanel .jp-Stdin")).to_have_count(0)  # no (Pdb) prompt waited
+    page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()  # the runs list: the session has ended
+    session = panel.locator(".nblaunch-run", has_text="live_ranks.ipynb")
+    expect(session).to_have_count(1)
+    expect(session).to_have_attribute("data-state", re.compile(r"^(done|stopped)$"))  # not counted as running
+    snapshot(page, "live-ranks-run-all.png")
