@@ -10,7 +10,7 @@
  * the pointer is never replaced between press and release.
  */
 
-import { Dialog, MainAreaWidget, showDialog } from '@jupyterlab/apputils';
+import { MainAreaWidget } from '@jupyterlab/apputils';
 import { LabIcon } from '@jupyterlab/ui-components';
 import { Widget } from '@lumino/widgets';
 
@@ -26,6 +26,7 @@ import { DashboardChartsView } from './dashboardChartsView';
 import { button, h } from './dom';
 import { LogPane } from './logView';
 import { RunsModel } from './runsModel';
+import { askToStop } from './stopDialog';
 
 /** What the dashboard asks of the lab around it. */
 export interface IDashboardActions {
@@ -159,12 +160,7 @@ class DashboardContent extends Widget {
     if (!question) {
       return;
     }
-    const answer = await showDialog({
-      title: question.title,
-      body: question.body,
-      buttons: [Dialog.cancelButton(), Dialog.warnButton({ label: question.accept })]
-    });
-    if (answer.button.accept) {
+    if (await askToStop(question)) {
       await this._runs.stop(this.runId, 'dashboard');
     }
   }

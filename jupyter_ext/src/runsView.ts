@@ -3,15 +3,17 @@
  * sidebar's default width (about 250 px): its state, notebook, cell number and start time, what
  * ran and for how long, and its root cause; long texts end in an ellipsis and show whole on hover.
  * A click opens the run's dashboard tab (dashboardView.ts), where its ranks, logs, Stop and
- * Stacks are.
+ * Stacks are; a run that can be stopped has its Stop here too, which asks once as the dashboard's
+ * does (stopDialog.ts) and tells the server it was pressed in the sidebar.
  *
  * Rows are kept per run and only their text is updated on each poll, so a row under the pointer
  * is never replaced between press and release.
  */
 
-import { runName, startClock } from './dashboardModel';
+import { runName, startClock, stopButton } from './dashboardModel';
 import { button, h } from './dom';
 import { formatElapsed, runMeta, runOrigin, RunsModel } from './runsModel';
+import { askToStop } from './stopDialog';
 import { IRunSummary } from './types';
 
 export type OpenDashboard = (runId: string) => void;
@@ -57,10 +59,10 @@ export class RunsSection {
     const rows = model.runs.map(run => {
       let row = this._rows.get(run.id);
       if (!row) {
-        row = new RunRow(run.id, this._open);
+        row = new RunRow(run.id, this._open, this._model);
         this._rows.set(run.id, row);
       }
-      row.update(run);
+      row.update(run, model.notes.get(run.id));
       return row.node;
     });
     for (const id of [...this._rows.keys()]) {
@@ -82,11 +84,15 @@ export class RunsSection {
   private _rows = new Map<string, RunRow>();
 }
 
-/** One run: a button (the whole row) that opens its dashboard. */
+/** One run: a button (the whole row) that opens its dashboard, and under it Stop while it can be stopped. */
 class RunRow {
   readonly node: HTMLLIElement;
 
-  constructor(id: string, open: OpenDashboard) {
+  constructor(
+    private readonly _id: string,
+    open: OpenDashboard,
+    private readonly _model: RunsModel
+  ) {
     this._button = h(
       'button',
       { type: 'button', class: 'nblaunch-run-open' },
@@ -95,11 +101,21 @@ class RunRow {
       h('span', { class: 'nblaunch-run-line' }, this._meta),
       this._cause
     );
-    this._button.addEventListener('click', () => open(id));
-    this.node = h('li', { class: 'nblaunch-run', 'data-run-id': id }, this._button);
+    this._button.addEventListener('click', () => open(_id));
+    this._stop = button('Stop', () => void this._askAndStop(), {
+      class: 'jp-mod-warn nblaunch-run-stop'
+    });
+    this._actions = h(
+      'span',
+      { class: 'nblaunch-run-actions', hidden: true },
+      this._note,
+      this._stop
+    );
+    this.node = h('li', { class: 'nblaunch-run', 'data-run-id': _id }, this._button, this._actions);
   }
 
-  update(run: IRunSummary): void {
+  update(run: IRunSummary, note: string | undefined): void {
+    this._run = run;
     this.node.dataset.state = run.state;
     const origin = runOrigin(run);
     const when = `${run.cell ? `cell [${run.cell}] · ` : ''}started ${startClock(run)}`;
@@ -114,9 +130,26 @@ class RunRow {
     set(this._cause, cause, cause);
     this._cause.hidden = !cause;
     this._button.title = `Open the dashboard of ${runName(run)} (${run.state})`;
+    const stop = stopButton(run);
+    const stopping = note?.startsWith('Stopping') ?? false;
+    set(this._stop, stop.stopLabel, stop.stopTitle);
+    this._stop.disabled = !run.can_stop || stopping;
+    set(this._note, note ?? '', note ?? '');
+    this._actions.hidden = !(run.live && (run.can_stop || note));
   }
 
+  /** Stop asks once, as the dashboard's does; Cancel leaves the run alone. */
+  private async _askAndStop(): Promise<void> {
+    if (this._run && (await askToStop(stopButton(this._run).stopQuestion))) {
+      await this._model.stop(this._id, 'sidebar');
+    }
+  }
+
+  private _run: IRunSummary | null = null;
   private _button: HTMLButtonElement;
+  private _stop: HTMLButtonElement;
+  private _actions: HTMLSpanElement;
+  private _note = h('span', { class: 'nblaunch-run-note nblaunch-ellipsis' });
   private _state = h('span', { class: 'nblaunch-run-state' });
   private _origin = h('span', { class: 'nblaunch-run-origin nblaunch-ellipsis' });
   private _elapsed = h('span', { class: 'nblaunch-run-elapsed' });

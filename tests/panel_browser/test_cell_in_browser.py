@@ -1,8 +1,9 @@
 """What a cell shows, in a real JupyterLab and Debian's Chromium: the status line's short run name (a dashboard
 link, the log folder on hover), the chart at the cell's width with readable ticks, values on hover and a working
-smoothing control, %distributed_last's linked logs, %distributed_config's invalid value; and what JupyterLab's
-status bar says while a cell with widgets runs. Screenshots go to test-artifacts/ (`make readme-images` copies
-the README's into docs/)."""
+smoothing control, no text on another at 1280 and 800 px wide, %distributed_last's linked logs,
+%distributed_config's invalid value; and what JupyterLab's status bar says while a cell with widgets runs,
+with the cell's one-line note during a kernel's first widget cell. Screenshots go to test-artifacts/
+(`make readme-images` copies the README's into docs/)."""
 
 from __future__ import annotations
 
@@ -61,15 +62,41 @@ def _prompt(page, i: int):
     return page.locator(".jp-Cell").nth(i).locator(".jp-InputArea-prompt", has_text=f"[{i + 1}]")
 
 
-def _status_during(page, index: int, marker_done) -> list[str]:
-    """Kernel states the status bar shows while cell ``index`` runs (sampled every 0.2 s)."""
+IDLE_NOTE = "The status bar may say Idle during a kernel's first widget cell: this cell is running."
+# Every pair of the chart's visible texts (titles, legends, tick labels, value rows) whose boxes overlap
+# by more than a pixel, per panel; a hover readout is drawn only while hovered and is left out.
+OVERLAPS = """svg => {
+  const texts = [...svg.querySelectorAll('text')].filter(t => !t.classList.contains('nbl-readout')
+      && getComputedStyle(t).visibility === 'visible' && getComputedStyle(t).display !== 'none'
+      && t.textContent.trim());
+  const boxes = texts.map(t => [t.textContent, t.getBoundingClientRect()]);
+  const hit = [];
+  for (let i = 0; i < boxes.length; i++) for (let j = i + 1; j < boxes.length; j++) {
+    const [a, p] = boxes[i], [b, q] = boxes[j];
+    const w = Math.min(p.right, q.right) - Math.max(p.left, q.left);
+    const h = Math.min(p.bottom, q.bottom) - Math.max(p.top, q.top);
+    if (w > 1 && h > 1) hit.push(`${a} / ${b}`);
+  }
+  return {count: boxes.length, hit, width: svg.getBoundingClientRect().width};
+}"""
+
+
+def _status_during(page, index: int, marker_done, snapshot) -> tuple[list[str], int]:
+    """Kernel states the status bar shows while cell ``index`` runs (sampled every 0.2 s), and in how many
+    samples the cell showed its note on the status bar's Idle (a screenshot of it the first time)."""
     _run_cell(page, index)
-    seen = []
+    note = page.locator(".jp-NotebookPanel .jp-Cell").nth(index).locator(".nblaunch-idle-note")
+    seen, noted = [], 0
     for _ in range(20):
         page.wait_for_timeout(200)
         seen.append(_kernel_status(page))
+        if note.count():
+            noted += 1
+            if noted == 1:
+                assert note.inner_text() == IDLE_NOTE
+                snapshot(page.locator(".jp-NotebookPanel .jp-Cell").nth(index), f"cell-idle-note-{index}.png")
     expect(marker_done).to_have_count(1, timeout=60_000)
-    return seen
+    return seen, noted
 
 
 def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server, browser_page, snapshot):
@@ -91,11 +118,13 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     # own, makes JupyterLab open a subshell for widget comms (commsOverSubshells: perCommTarget); the kernel's
     # idle status for that control request turns the status bar to Idle while the cell still runs. Once the
     # subshell exists, a cell with nblaunch's widgets reads Busy like any other.
-    plain, first_widget, ours = (_status_during(page, i, _prompt(page, i)) for i in (1, 2, 3))
+    samples = [_status_during(page, i, _prompt(page, i), snapshot) for i in (1, 2, 3)]
+    (plain, _), (first_widget, _), (ours, noted) = samples
     print("status bar while a cell runs: plain", plain, "first ipywidgets", first_widget, "nblaunch", ours)
     assert plain.count("Busy") >= 15, plain
     assert first_widget.count("Idle") >= 10, first_widget
     assert ours.count("Busy") >= 15, ours
+    assert noted == 0  # not the kernel's first widget cell: no note on the status bar
 
     for i in range(4, 8):
         _run_cell(page, i)
@@ -135,6 +164,22 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     assert visible == 1, visible  # the hovered step's values, written on the panel at once
     cell.scroll_into_view_if_needed()
     snapshot(cell, "cell-status-and-chart.png")
+
+    # no title, legend or tick label on another, at the default width and at 800 px
+    page.mouse.move(5, 5)
+    wide = chart.evaluate(OVERLAPS)
+    assert wide["count"] >= 10 and wide["hit"] == [], wide
+    page.set_viewport_size({"width": 800, "height": 900})
+    chart.evaluate(  # JupyterLab lays the notebook out again: the chart follows the cell's width
+        "(svg, w) => new Promise(done => { const narrower = () => svg.getBoundingClientRect().width < w - 200"
+        " ? done() : requestAnimationFrame(narrower); narrower(); })",
+        wide["width"],
+    )
+    narrow = chart.evaluate(OVERLAPS)
+    assert narrow["count"] >= 10 and narrow["hit"] == [], narrow
+    cell.scroll_into_view_if_needed()
+    snapshot(cell, "cell-chart-800px.png")
+    page.set_viewport_size({"width": 1280, "height": 900})
 
     # the smoothing control switches the line drawn, with no kernel involved
     def shown(cls: str) -> int:
@@ -200,6 +245,10 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle")
     _run_cell(page, 0)
     expect(_prompt(page, 0)).to_have_count(1)
-    ours_first = _status_during(page, 1, _prompt(page, 1))
-    print("nblaunch's first widgets, comms over subshells disabled:", ours_first)
+    ours_first, noted = _status_during(page, 1, _prompt(page, 1), snapshot)
+    print("nblaunch's first widgets, comms over subshells disabled:", ours_first, "note in", noted, "samples")
     assert ours_first.count("Busy") >= 15, ours_first
+    # the kernel's first widget cell says, in one line, that an Idle status bar does not mean it stopped
+    # (the kernel cannot tell whether JupyterLab uses a subshell), and the line goes when the cell ends
+    assert noted >= 3, noted
+    expect(page.locator(".jp-NotebookPanel .jp-Cell").nth(1).locator(".nblaunch-idle-note")).to_have_count(0)

@@ -4,20 +4,24 @@ from the list, from the palette and from the run's name in the cell's status lin
 (pid, state, CPU and memory charts that move), their stacks and a link to the cell; a rank's log in the
 dashboard's pane (rank switcher, Follow, search; a cell's log link lands there) follows the run; Stop asks
 once, ends the run, and the cell and dashboard say it was stopped from the dashboard; no process of the run
-is left, and the dashboard comes
-back after a page reload."""
+is left, and the dashboard comes back after a page reload. A live session's Stop, in the dashboard and in
+the sidebar's runs list, stops its cell and then ends it, the words naming where it was pressed; then
+notebooks/live_ranks.ipynb runs to its last cell with Run All."""
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
 import time
+from pathlib import Path
 
 import psutil
 from lab_notebooks import write_notebook
 from playwright.sync_api import expect
 
 PANEL = "#nblaunch-panel"
+REPO = Path(__file__).resolve().parents[2]
 expect.set_options(timeout=60_000)
 
 LONG_CELL = """%%distributed -n 2
@@ -266,6 +270,7 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     dash = page.locator(f"#nblaunch-dashboard-{run_id}")
     stop = dash.locator(".nblaunch-dash-stop")
     expect(stop).to_have_text("Stop cell")
+    expect(run.locator(".nblaunch-run-stop")).to_have_text("Stop cell")  # the sidebar's, in the same words
     assert "every rank comes back to idle with its state" in stop.get_attribute("title")
     ranks = dash.locator("table.nblaunch-dash-ranks tbody tr")
     pids = [int(ranks.nth(r).locator("td").nth(1).inner_text()) for r in range(2)]
@@ -283,12 +288,43 @@ def test_a_live_sessions_dashboard_stops_its_running_cell_keeping_state_then_end
     assert [int(ranks.nth(r).locator("td").nth(1).inner_text()) for r in range(2)] == pids  # the same processes
     snapshot(page, "dashboard-live-idle.png")
 
-    stop.click()
+    # the sidebar's runs list has the same Stop: it asks the same question once, and the words name the sidebar
+    row = panel.locator(f'.nblaunch-run[data-run-id="{run_id}"]')
+    side_stop = row.locator(".nblaunch-run-stop")
+    expect(side_stop).to_have_text("End session")
+    side_stop.click()
     expect(dialog).to_contain_text("End the live session?")
+    expect(dialog).to_contain_text("This stops both ranks of the session")
+    snapshot(page, "sidebar-stop-question.png")
+    dialog.get_by_role("button", name="Cancel").click()
+    expect(dialog).to_have_count(0)
+    expect(row).to_have_attribute("data-state", "idle")
+    side_stop.click()
     dialog.get_by_role("button", name="End the session").click()
     expect(dash.locator(".nblaunch-run-state")).to_have_text("stopped", timeout=10_000)
     expect(stop).to_be_hidden()
+    expect(side_stop).to_be_hidden()
+    expect(dash.locator(".nblaunch-dash-outcome")).to_contain_text(
+        "the live session was stopped from the launch sidebar's runs list (Stop)"
+    )
     start_cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(1)
     _tab(page, "live.ipynb").click()
-    expect(start_cell).to_contain_text("session stopped from the run's dashboard; nothing is left running")
+    expect(start_cell).to_contain_text("session stopped from the launch sidebar's runs list; nothing is left running")
     assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+
+    # notebooks/live_ranks.ipynb, Run All in this JupyterLab, reaches its last cell: its failing cells are
+    # tagged raises-exception, and its %debug cell is one a person runs on purpose (no prompt waits)
+    shutil.copy(REPO / "notebooks" / "live_ranks.ipynb", lab_server.root / "live_ranks.ipynb")
+    page.goto(lab_server.page_url("lab/tree/live_ranks.ipynb") + "&reset")  # only this notebook open
+    cells = page.locator(".jp-NotebookPanel .jp-Cell")
+    cells.first.click()
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+    expect(cells.last).to_contain_text("live session stopped; nothing is left running", timeout=240_000)
+    expect(cells.filter(has_text="training went on to step 90")).to_have_count(1)
+    expect(page.locator(".jp-NotebookPanel .jp-Stdin")).to_have_count(0)  # no (Pdb) prompt waited
+    page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()  # the runs list: the session has ended
+    session = panel.locator(".nblaunch-run", has_text="live_ranks.ipynb")
+    expect(session).to_have_count(1)
+    expect(session).to_have_attribute("data-state", re.compile(r"^(done|stopped)$"))  # not counted as running
+    snapshot(page, "live-ranks-run-all.png")
