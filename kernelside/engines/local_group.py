@@ -91,7 +91,8 @@ def _pidfd(pid: int) -> int | None:
         return None  # old kernel: exits are found by polling instead
 
 
-def _close_quietly(*fds: int) -> None:
+def close_quietly(*fds: int) -> None:
+    """Close each fd; one already closed (or never opened) is not an error."""
     for fd in fds:
         try:
             os.close(fd)
@@ -146,13 +147,13 @@ class WorkerGroup:
                     pid = popen.pid
                 owner = template if method == "forkserver" else None
                 group.workers.append(Worker(payload.spec.rank, pid, rp, _pidfd(pid), popen, template=owner))
-                _close_quietly(*rp.write_ends())
+                close_quietly(*rp.write_ends())
         except BaseException:
             for rp in pipes[len(group.workers) :]:
-                _close_quietly(*rp.write_ends())
+                close_quietly(*rp.write_ends())
             group.close(grace=0)
             for rp in pipes[len(group.workers) :]:
-                _close_quietly(*rp.read_ends())
+                close_quietly(*rp.read_ends())
             raise
         finally:
             if memfd is not None:
@@ -250,9 +251,9 @@ class WorkerGroup:
         if w.popen is not None:
             w.popen.returncode = w.status.exitcode if w.status and w.status.exitcode is not None else -1
         w.reaped = True
-        _close_quietly(*w.pipes.read_ends())
+        close_quietly(*w.pipes.read_ends())
         if w.pidfd is not None:
-            _close_quietly(w.pidfd)
+            close_quietly(w.pidfd)
 
     def _wait_child(self, w: Worker) -> None:
         while True:

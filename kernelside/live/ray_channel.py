@@ -23,6 +23,7 @@ import socket
 import time
 
 from ..engines.contract import ExitStatus
+from ..engines.local_group import close_quietly
 from ..worker.ray_live_rank import CHANNELS, HELLO_MAX, INTERRUPT
 
 
@@ -122,7 +123,7 @@ class RayRankGroup:
     def end_requests(self) -> None:
         """Every rank's request channel closed: an idle rank's serve loop ends, and its process with it."""
         for w in self.workers:
-            _close(w.pipes.requests_w)
+            close_quietly(w.pipes.requests_w)
 
     def wait_ended(self, deadline: float) -> bool:
         """Wait until every rank's process let go of its control connection, or ``deadline`` (monotonic)."""
@@ -136,15 +137,7 @@ class RayRankGroup:
     def close_fds(self) -> None:
         self.closed = True
         for w in self.workers:
-            _close(*w.pipes.fds())
-
-
-def _close(*fds: int) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+            close_quietly(*w.pipes.fds())
 
 
 def accept_ranks(listener: socket.socket, token: str, n: int, deadline: float, failed) -> dict[int, dict[str, int]]:
@@ -173,11 +166,11 @@ def accept_ranks(listener: socket.socket, token: str, n: int, deadline: float, f
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             old = got.setdefault(rank, {}).get(channel)
             if old is not None:
-                _close(old)
+                close_quietly(old)
             got[rank][channel] = conn.detach()
     except BaseException:
         for chans in got.values():
-            _close(*chans.values())
+            close_quietly(*chans.values())
         raise
     return got
 

@@ -34,6 +34,7 @@ import threading
 import time
 
 from ..debugger.undebugged import undebugged
+from ..engines.local_group import close_quietly
 from ..launch import rank_stacks
 from ..launch.recorder import live_rank_state
 from ..launch.run_control import RunControl
@@ -171,7 +172,7 @@ class LiveRunEntry(RunTracker):
                     self._stop_between_cells()
         finally:
             sel.close()
-            _close(self._quit_r, self._quit_w)
+            close_quietly(self._quit_r, self._quit_w)
 
     def _write_pending(self) -> None:
         if self._pending is None:
@@ -308,11 +309,3 @@ def _write_byte(fd: int) -> None:
         os.write(fd, b"x")
     except OSError:
         pass
-
-
-def _close(*fds: int) -> None:
-    for fd in fds:
-        try:
-            os.close(fd)
-        except OSError:
-            pass
