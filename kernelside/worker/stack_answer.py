@@ -25,17 +25,20 @@ from __future__ import annotations
 import faulthandler
 import json
 import os
+import re
 import stat
 import sys
 import threading
 
 from ..run_contract import rank_stacks_name
 from ..short_traceback import is_nblaunch_file
-from .call_site import calling_of, source_line
+from .call_site import callee_of_line, calling_of, source_line
 
 DETAIL = "nblaunch-detail "  # last line of an answer: the main thread's source line and the C function it calls
 HEADER = "nblaunch-stacks main=0x"  # first line of a rank's answer: which thread is its main thread, and its count
 ASK_SUFFIX = ".ask"  # rank<N>.stacks.ask: the FIFO a request is written into
+_THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-fA-F]+)")  # faulthandler's line before each thread
+_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ')
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -105,28 +108,42 @@ class _Answerer:
                 pass
 
     def write(self) -> None:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dir_fd)
         try:
-            os.write(fd, header(self.main, self.answers).encode())
+            start = os.write(fd, header(self.main, self.answers).encode())
             if self.answers:
                 faulthandler.dump_traceback(fd, all_threads=True)  # the GIL is held: every other thread is still
-                os.write(fd, (DETAIL + json.dumps(main_detail(self.main)) + "\n").encode())
+                dump = os.pread(fd, os.lseek(fd, 0, os.SEEK_CUR) - start, start).decode(errors="replace")
+                os.write(fd, (DETAIL + json.dumps(main_detail(dump, self.main)) + "\n").encode())
         finally:
             os.close(fd)
         os.replace(self.tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
 
 
-def main_detail(main_ident: int) -> dict:
-    """What faulthandler's text lacks about the main thread: the source line of its innermost frame of the
-    user's code, and the function that frame calls when it calls C (``sleep``: no Python frame says so)."""
-    frame = sys._current_frames().get(main_ident)
-    innermost, source, calling = frame, "", None
-    while frame is not None:
-        path = frame.f_code.co_filename
+def main_detail(dump: str, main_ident: int) -> dict:
+    """What faulthandler's text (``dump``) lacks about the main thread: the source line of its innermost frame of
+    the user's code, and the function that line calls when it is the innermost frame (``sleep``: C has no frame).
+    Read from the text and ``linecache``: the main thread's frames are not walked from here (``f_back`` of
+    another thread's running frames crashed ranks with SIGSEGV under 8,000 asks)."""
+    frames, inside = [], False
+    for line in dump.splitlines():
+        thread = _THREAD.match(line)
+        if thread:
+            inside = int(thread.group(1), 16) == main_ident
+        elif inside and (m := _FRAME.match(line)):
+            frames.append((m.group(1), int(m.group(2))))
+    for i, (path, lineno) in enumerate(frames):  # innermost first
         if not (is_nblaunch_file(path) or any(p in path for p in ("/torch/", "-packages/", "/lib/python"))):
-            source = source_line(path, frame.f_lineno)
-            calling = calling_of(frame) if frame is innermost else None
-            break
-        frame = frame.f_back
-    return {"source": source, "calling": calling}
+            source = source_line(path, lineno)
+            return {"source": source, "calling": _calling(main_ident, path, lineno, source) if i == 0 else None}
+    return {"source": "", "calling": None}
+
+
+def _calling(main_ident: int, path: str, lineno: int, source: str) -> str | None:
+    """The callee of the main thread's innermost frame, still at ``path:lineno``: read from that one frame's code
+    and instruction offset (``call_site.calling_of``; no ``f_back``), else from the line's text alone."""
+    frame = sys._current_frames().get(main_ident)
+    if frame is not None and frame.f_code.co_filename == path and frame.f_lineno == lineno:
+        return calling_of(frame)
+    return callee_of_line(source)
