@@ -11,7 +11,6 @@ Example::
 
 from __future__ import annotations
 
-import ast
 import linecache
 
 
@@ -63,23 +62,3 @@ def calling_of(frame) -> str | None:
     if k < 0 or pushed != nargs or code[k].opname not in _LOADS:
         return None
     return str(code[k].argval)
-
-
-def callee_of_line(source: str) -> str | None:
-    """The function a line of code calls, when it makes exactly one call ('time.sleep(0.1)' -> 'sleep');
-    None for no call, several, or a line that does not parse alone (``while x:`` heads, say).
-
-    Example::
-
-        >>> callee_of_line("time.sleep(0.1)"), callee_of_line("x = f(g(1))")
-        ('sleep', None)
-    """
-    try:
-        tree = ast.parse(source.strip())
-    except SyntaxError:
-        return None
-    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call)]
-    if len(calls) != 1:
-        return None
-    func = calls[0].func
-    return func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else None

@@ -4,16 +4,20 @@
 
 - ``rank<N>.stacks.ask``, a FIFO the kernel writes a byte into to ask (``launch/rank_stacks.py``);
 - ``rank<N>.stacks``, the latest answer: a first line ``nblaunch-stacks main=0x<id> answer=<n>`` (which
-  thread is the rank's main thread, and how many answers it has given), then ``faulthandler``'s text.
+  thread is the rank's main thread, and how many answers it has given), then every thread's stack in ``faulthandler``'s
+  text format, then ``nblaunch-detail {json}`` (``main_detail``).
 
 A daemon thread, ``nblaunch-stacks``, waits on the FIFO and writes each answer under a temporary name,
-renamed over ``rank<N>.stacks`` when whole: the kernel reads only finished answers. There is no signal
-handler: an earlier version dumped from a handler for a process-directed signal, which any thread could
-take (gloo's own threads included) and which then walked the other threads' frames while they ran:
-under concurrent requests during ``all_reduce`` that crashed ranks with SIGSEGV. Here the dump runs in
-a Python thread holding the GIL, when every other thread's frames are still; a main thread blocked in
-a collective has released the GIL, so the rank still answers at once. Requests that arrive while an
-answer is written are answered by that one (the FIFO's bytes are read together).
+renamed over ``rank<N>.stacks`` when whole: the kernel reads only finished answers. The answer is written
+in faulthandler's text, from ``sys._current_frames()``, holding the GIL: every other Python thread is parked
+and the snapshot is taken under the interpreter's thread-list lock. Two ways that crashed ranks with SIGSEGV
+are not used: a faulthandler signal handler (any thread could take a process-directed signal, gloo's
+included, and walked the other threads' frames while they ran), and ``faulthandler.dump_traceback(
+all_threads=True)`` called from Python, which walks the thread list without that lock: on CPython 3.11 a
+thread state that torch's C++ threads create as they take the GIL is linked before it is filled in, and
+reading it crashed a rank in 4 of 6 runs of ``tests/test_stacks_under_load.py`` (an 8,000-ask soak). A main
+thread blocked in a collective has released the GIL, so the rank still answers at once. Requests that arrive
+while an answer is written are answered by that one (the FIFO's bytes are read together).
 
 Example::
 
@@ -22,23 +26,20 @@ Example::
 
 from __future__ import annotations
 
-import faulthandler
 import json
 import os
-import re
 import stat
 import sys
 import threading
 
 from ..run_contract import rank_stacks_name
 from ..short_traceback import is_nblaunch_file
-from .call_site import callee_of_line, calling_of, source_line
+from .call_site import calling_of, source_line
 
 DETAIL = "nblaunch-detail "  # last line of an answer: the main thread's source line and the C function it calls
 HEADER = "nblaunch-stacks main=0x"  # first line of a rank's answer: which thread is its main thread, and its count
 ASK_SUFFIX = ".ask"  # rank<N>.stacks.ask: the FIFO a request is written into
-_THREAD = re.compile(r"^(?:Current thread|Thread) 0x([0-9a-fA-F]+)")  # faulthandler's line before each thread
-_FRAME = re.compile(r'^\s+File "(.*)", line (\d+) in ')
+MAX_DEPTH = 100  # frames written per thread, innermost first (faulthandler's own limit)
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -108,42 +109,50 @@ class _Answerer:
                 pass
 
     def write(self) -> None:
-        flags = os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(self.tmp, flags, 0o600, dir_fd=self.dir_fd)
         try:
-            start = os.write(fd, header(self.main, self.answers).encode())
+            text = header(self.main, self.answers)
             if self.answers:
-                faulthandler.dump_traceback(fd, all_threads=True)  # the GIL is held: every other thread is still
-                dump = os.pread(fd, os.lseek(fd, 0, os.SEEK_CUR) - start, start).decode(errors="replace")
-                os.write(fd, (DETAIL + json.dumps(main_detail(dump, self.main)) + "\n").encode())
+                frames = sys._current_frames()  # taken under the interpreter's thread-list lock
+                text += dump(frames, threading.get_ident())
+                text += DETAIL + json.dumps(main_detail(frames.get(self.main))) + "\n"
+                del frames
+            os.write(fd, text.encode(errors="replace"))
         finally:
             os.close(fd)
         os.replace(self.tmp, self.name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
 
 
-def main_detail(dump: str, main_ident: int) -> dict:
-    """What faulthandler's text (``dump``) lacks about the main thread: the source line of its innermost frame of
-    the user's code, and the function that line calls when it is the innermost frame (``sleep``: C has no frame).
-    Read from the text and ``linecache``: the main thread's frames are not walked from here (``f_back`` of
-    another thread's running frames crashed ranks with SIGSEGV under 8,000 asks)."""
-    frames, inside = [], False
-    for line in dump.splitlines():
-        thread = _THREAD.match(line)
-        if thread:
-            inside = int(thread.group(1), 16) == main_ident
-        elif inside and (m := _FRAME.match(line)):
-            frames.append((m.group(1), int(m.group(2))))
-    for i, (path, lineno) in enumerate(frames):  # innermost first
+def dump(frames: dict, current: int) -> str:
+    """Every thread's stack in faulthandler's text (``launch/rank_stacks.py`` parses it), innermost frame first,
+    at most ``MAX_DEPTH`` frames a thread; ``current`` is the answering thread ('Current thread')."""
+    out = []
+    for ident, frame in frames.items():
+        out.append(f"{'Current thread' if ident == current else 'Thread'} 0x{ident:016x} (most recent call first):\n")
+        depth = 0
+        while frame is not None:
+            if depth == MAX_DEPTH:
+                out.append("  ...\n")
+                break
+            code, lineno = frame.f_code, frame.f_lineno
+            line = "???" if lineno is None else lineno
+            out.append(f'  File "{code.co_filename}", line {line} in {code.co_name}\n')
+            frame, depth = frame.f_back, depth + 1
+        out.append("\n")
+    return "".join(out)
+
+
+def main_detail(frame) -> dict:
+    """What the stack's text lacks about the main thread (``frame``, its innermost): the source line of its
+    innermost frame of the user's code, and the function that line calls when it is the innermost frame
+    (``sleep``: C has no frame)."""
+    innermost = frame
+    while frame is not None:
+        path = frame.f_code.co_filename
         if not (is_nblaunch_file(path) or any(p in path for p in ("/torch/", "-packages/", "/lib/python"))):
-            source = source_line(path, lineno)
-            return {"source": source, "calling": _calling(main_ident, path, lineno, source) if i == 0 else None}
+            source = source_line(path, frame.f_lineno)
+            calling = calling_of(frame) if frame is innermost else None
+            return {"source": source, "calling": calling}
+        frame = frame.f_back
     return {"source": "", "calling": None}
-
-
-def _calling(main_ident: int, path: str, lineno: int, source: str) -> str | None:
-    """The callee of the main thread's innermost frame, still at ``path:lineno``: read from that one frame's code
-    and instruction offset (``call_site.calling_of``; no ``f_back``), else from the line's text alone."""
-    frame = sys._current_frames().get(main_ident)
-    if frame is not None and frame.f_code.co_filename == path and frame.f_lineno == lineno:
-        return calling_of(frame)
-    return callee_of_line(source)
