@@ -204,7 +204,7 @@ def test_accelerate_log_without_trackers_draws_the_chart_and_keeps_the_history(n
     assert [p["step"] for p in history] == list(range(1, 41))
     assert history[-1] == {"step": 40, "loss": 1.0 / 40**2, "lr": pytest.approx(1e-3)}  # text left out
     chart = _chart(notebook, 1)
-    assert chart.startswith("<svg") and "loss: last 0.000625 (40 points) (log scale)" in chart
+    assert chart.startswith('<div class="nblaunch-chart"') and "loss: last 0.000625 (40 points) (log scale)" in chart
     assert "lr: last 0.001 (40 points)" in chart
 
 
@@ -223,7 +223,7 @@ def test_summary_writer_add_scalar_draws_the_chart_and_still_writes_event_files(
     assert {"step": 9, "eval/acc": 0.9, "eval/f1": 0.8} in history
     assert "event files [True, True]" in _text(notebook, 6)  # rank 1's writer works, its points are not charted
     chart = _chart(notebook, 5)
-    assert "train/loss: last 1.2 (10 points)" in chart and "eval/acc</tspan> 0.9" in chart
+    assert "train/loss: last 1.2 (10 points)" in chart and "eval/acc</b> 0.9" in chart
 
 
 def test_trainer_logs_at_every_logging_step_reach_the_chart_and_its_callbacks(notebook):
@@ -239,7 +239,7 @@ def test_trainer_logs_at_every_logging_step_reach_the_chart_and_its_callbacks(no
     chart = _chart(notebook, 7)
     for name in ("loss", "learning_rate", "grad_norm", "epoch"):
         assert f"{name}: last " in chart and "(4 points)" in chart
-    assert "train_runtime</tspan>" in chart  # logged once: a value, not a curve
+    assert "train_runtime</b>" in chart  # logged once: a value, not a curve
 
 
 def test_lightning_self_log_and_fabric_log_draw_the_chart_under_ddp(notebook):

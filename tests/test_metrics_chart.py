@@ -18,7 +18,10 @@ POINTS = [{"step": i, "loss": 2 * math.exp(-i / 30) + (0.1 if i % 2 else 0.0), "
 
 def test_the_chart_fills_the_cell_width_and_no_text_is_under_11px():
     svg = MetricsChart().render(POINTS, final=True)
-    assert re.match(r'<svg [^>]*width="100%"', svg)
+    assert re.match(r'<div class="nblaunch-chart" style="display: flex; flex-wrap: wrap; [^"]*width: 100%', svg)
+    # two panels a row at most here, each a half less the gap and never under 280 px: a narrow cell wraps them
+    panels = re.findall(r'<svg [^>]*class="nbl-panel" height="190" style="flex: 1 1 ([^;]*); min-width: 280px', svg)
+    assert panels == ["calc(50.000% - 5.00px)"] * 2, panels
     assert "font: 12px" in svg
     sizes = [float(s) for s in re.findall(r'font-size="([\d.]+)"', svg)]
     assert all(s >= 11 for s in sizes), sizes
@@ -92,7 +95,7 @@ def test_the_chart_updates_at_most_twice_a_second_however_fast_ranks_log(kernel)
     wall = time.monotonic() - t0
     for kind, content in cell.messages:
         state = content.get("data", {}).get("state", {})
-        if kind == "comm_msg" and str(state.get("value", "")).startswith("<svg"):
+        if kind == "comm_msg" and str(state.get("value", "")).startswith('<div class="nblaunch-chart"'):
             updates.append(content["comm_id"])
     assert updates
     assert len(updates) <= 2 * wall + 2, (len(updates), wall)

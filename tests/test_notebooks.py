@@ -32,7 +32,7 @@ def test_quickstart_trains_on_two_workers_and_shows_bars_and_a_loss_chart(tmp_pa
     ]
     assert epoch and epoch[0]["value"] == 4.0
     assert any(
-        m["state"].get("value", "").startswith("<svg") and "loss: last" in m["state"]["value"]
+        m["state"].get("value", "").startswith('<div class="nblaunch-chart"') and "loss: last" in m["state"]["value"]
         for m in state.values()
         if m["model_name"] == "HTMLModel"
     )
@@ -145,9 +145,9 @@ def test_sharded_and_loggers_notebook_returns_the_whole_fsdp_model_and_charts_wr
     assert "'grad_norm'" in text and "'learning_rate'" in text and "'train/loss'" not in text
     state = nb.metadata.widgets["application/vnd.jupyter.widget-state+json"]["state"]
     charts = [m["state"]["value"] for m in state.values() if m["model_name"] == "HTMLModel"]
-    charts = [c for c in charts if c.startswith("<svg")]
+    charts = [c for c in charts if c.startswith('<div class="nblaunch-chart"')]
     assert any("train/loss: last" in c and "(150 points)" in c and "train/lr: last" in c for c in charts)
-    assert any("grad_norm: last" in c and "(20 points)" in c and "train_runtime</tspan>" in c for c in charts)
+    assert any("grad_norm: last" in c and "(20 points)" in c and "train_runtime</b>" in c for c in charts)
 
 
 def test_deepspeed_notebook_runs_deepspeed_engine_from_the_config_and_from_a_plugin_and_refuses_fp16(tmp_path):

@@ -164,7 +164,7 @@ def test_metrics_history_is_complete_and_charted(executed):
     chart = [
         m["state"]["value"]
         for m in _widgets(executed).values()
-        if m["model_name"] == "HTMLModel" and m["state"]["value"].startswith("<svg")
+        if m["model_name"] == "HTMLModel" and m["state"]["value"].startswith('<div class="nblaunch-chart"')
     ]
     assert chart and "loss: last 0.008333" in chart[-1] and "(120 points)" in chart[-1]
 

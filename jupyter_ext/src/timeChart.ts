@@ -53,6 +53,8 @@ export const LINE_COLORS = [
 ];
 
 const TICKS = 5;
+/** The CPU axis' tops, in percent: the chart takes the first one over its busiest sample. */
+const PERCENT_TOPS = [10, 25, 50, 100];
 const BYTE_UNITS = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
 
 /** A chart of `lines` (points [x, y or null]) with axes that fit every point. */
@@ -74,8 +76,11 @@ export function makeTimeChart(
   const format = formatterOf(unit);
   let y: { min: number; max: number; ticks: ITick[] };
   if (unit === 'percent') {
-    // 0–100 % once a rank is busy; a quiet run (every rank under 10 %) gets 0–10 %, so its lines are not flat
-    y = valueAxis(0, yHigh > 10 ? Math.max(100, yHigh) : 10, 1, format);
+    // The first of 10, 25, 50 and 100 % that holds the busiest sample, so a quiet run's lines are not flat and
+    // the axis steps up gradually rather than jumping from 10 % to 100 % when one rank passes 10 %; a rank
+    // using more than one core (over 100 %) gets nice ticks above it.
+    const top = PERCENT_TOPS.find(t => yHigh <= t) ?? yHigh;
+    y = valueAxis(0, top, 1, format);
   } else if (unit === 'bytes') {
     const u = byteUnitOf(yHigh);
     const step = 1024 ** u; // every tick in one unit: 0 MiB, 100 MiB, … (not 0 B)

@@ -216,5 +216,23 @@ describe('axes', () => {
       'time'
     );
     expect(quiet.y.ticks.map(t => t.label)).toEqual(['0%', '2%', '4%', '6%', '8%', '10%']); // not a flat line
+    const tops = [12, 30, 70, 100, 180].map(
+      peak =>
+        makeTimeChart(
+          'CPU',
+          'percent',
+          [
+            {
+              label: 'rank 0',
+              points: [
+                [0, 1],
+                [1, peak]
+              ]
+            }
+          ],
+          'time'
+        ).y.max
+    );
+    expect(tops).toEqual([25, 50, 100, 100, 200]); // steps up gradually; over one core, past 100 %
   });
 });

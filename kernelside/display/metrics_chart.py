@@ -1,4 +1,4 @@
-"""The live metrics chart: one panel per metric, drawn as a self-contained SVG that fills the cell's width.
+"""The live metrics chart: one panel per metric, each a self-contained SVG, in a row that fills the cell's width.
 
 Each metric gets its own panel with its own scale (a loss of 0.01 is never flattened by a learning-rate or an
 epoch counter), ticks and values on both axes, its name and latest value in the title, and a log scale when its
@@ -11,8 +11,9 @@ kernel, when it is reopened or exported; a widget's HTML runs no script, so a Ja
 there, and a widget of its own would tie the notebook to that library's extension. What a library would add,
 this does with the browser alone:
 
-- width: the panels are nested SVG viewports sized in percent, so they follow the cell's width while text
-  stays at 12 px (never scaled down);
+- width: the panels share a wrapping flex row (up to three across, never narrower than ``MIN_PANEL_W``), so
+  they follow the cell's width and a narrow cell puts fewer panels in a row instead of cutting one off; inside
+  a panel, positions are percent of its width while text stays at 12 px (never scaled down);
 - values on hover: each panel has bands with an SVG ``<title>`` (step, value, smoothed value);
 - smoothing: TensorBoard's debiased EMA as a solid line over the faint raw one; once the run has ended, a
   small control (off, 0.6, 0.9, 0.99) switches between precomputed lines with CSS alone;
@@ -48,7 +49,7 @@ from .chart_scales import (
 
 COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#9d755d", "#d67195")
 PANEL_H = 190  # one metric's panel, in px (its width is a share of the cell's)
-MIN_PANEL_W = 280  # below this the chart scrolls sideways rather than squeeze its labels
+MIN_PANEL_W = 280  # below this a panel moves to the next row rather than squeeze its labels
 # plot area margins inside a panel: the title (and readout) row, then the legend's row, then the plot, whose
 # top tick label sits below the legend (never on it); ticks and 'step' below
 TOP, BOTTOM = 44, 34
@@ -106,7 +107,7 @@ class MetricsChart:
         return self
 
     def render(self, points: list, *, final: bool = False) -> str:
-        """The SVG for every point so far; only points not seen before are read (``points`` only grows).
+        """The chart's markup for every point so far; only points not seen before are read (``points`` only grows).
 
         ``final``: the run has ended, so the chart gets its smoothing control (redrawn while the run goes on,
         a control would lose the user's choice at every update)."""
@@ -117,6 +118,8 @@ class MetricsChart:
         return self.svg(final=final)
 
     def svg(self, *, final: bool = False) -> str:
+        """The chart's markup: a wrapping row of panels (one SVG each), so a narrow cell gets fewer panels per row
+        rather than panels cut off at its right edge."""
         curves = {n: s for n, s in self.series.items() if max(len(xs) for xs, _ in s.values()) > 1}
         singles = {n: s for n, s in self.series.items() if n not in curves}
         if not curves and not singles:
@@ -124,34 +127,25 @@ class MetricsChart:
         cols = max(1, min(COLUMNS, len(curves)))
         if len(curves) == 4:
             cols = 2  # 2 x 2 rather than 3 + 1
-        rows = math.ceil(len(curves) / cols)
         smoothable = any(_smooths(ys) for s in curves.values() for _, ys in s.values())
-        control_h = 22 if final and smoothable else 0
-        min_w = cols * MIN_PANEL_W + (cols - 1) * GAP
-        values = _value_rows(singles, min_w) if singles else []
-        height = control_h + rows * (PANEL_H + GAP) + 18 * len(values)
+        # each panel takes 1/cols of the row and never less than MIN_PANEL_W: below that width, the row wraps
+        basis = f"calc({100 / cols:.3f}% - {GAP * (cols - 1) / cols:.2f}px)"
         parts = [
-            f'<svg xmlns="http://www.w3.org/2000/svg" class="nblaunch-chart" width="100%" height="{height}" '
-            f'style="min-width: {min_w}px; font: 12px var(--jp-ui-font-family, sans-serif); '
-            'color: var(--jp-ui-font-color1, #222)">',
+            f'<div class="nblaunch-chart" style="display: flex; flex-wrap: wrap; gap: {GAP}px; width: 100%; '
+            "font: 12px var(--jp-ui-font-family, sans-serif); color: var(--jp-ui-font-color1, #222)\">",
             f"<style>{_STYLE}</style>",
         ]
-        if control_h:
+        if final and smoothable:
             parts.append(self._control())
-        share = 100.0 / cols
         for i, (name, by_rank) in enumerate(curves.items()):
-            x = (i % cols) * share
-            y = control_h + (i // cols) * (PANEL_H + GAP)
             parts.append(
-                f'<svg class="nbl-panel" x="{x:.3f}%" y="{y}" width="{share:.3f}%" height="{PANEL_H}" '
-                'overflow="visible">'
+                f'<svg xmlns="http://www.w3.org/2000/svg" class="nbl-panel" height="{PANEL_H}" '
+                f'style="flex: 1 1 {basis}; min-width: {MIN_PANEL_W}px; overflow: visible">'
                 f"{_panel(name, by_rank, COLORS[i % len(COLORS)], final)}</svg>"
             )
-        for j, row in enumerate(values):
-            parts.append(
-                f'<text x="2" y="{control_h + rows * (PANEL_H + GAP) + 13 + 18 * j}" fill="currentColor">{row}</text>'
-            )
-        parts.append("</svg>")
+        if singles:
+            parts.append(f'<div class="nbl-values" style="flex: 1 1 100%">{_values(singles)}</div>')
+        parts.append("</div>")
         return "".join(parts)
 
     def _control(self) -> str:
@@ -162,10 +156,9 @@ class MetricsChart:
             for w in SMOOTHING
         )
         return (
-            '<foreignObject x="0" y="0" width="100%" height="22"><div xmlns="http://www.w3.org/1999/xhtml" '
-            'class="nbl-smoothing" style="font: 12px var(--jp-ui-font-family, sans-serif); '
-            'color: var(--jp-ui-font-color1, #222)" title="Exponential moving average, as TensorBoard smooths">'
-            f"smoothing {options}</div></foreignObject>"
+            '<div class="nbl-smoothing" style="flex: 1 1 100%; line-height: 22px" '
+            'title="Exponential moving average, as TensorBoard smooths">'
+            f"smoothing {options}</div>"
         )
 
 
@@ -325,22 +318,14 @@ def _hover_bands(name: str, series: dict, ranks: list, smoothed: dict, fx, ph: f
     return "".join(out)
 
 
-def _value_rows(singles: dict, width: int) -> list[str]:
-    """'name value' for each metric logged once, wrapped into rows that fit the chart's narrowest width."""
+def _values(singles: dict) -> str:
+    """'name value' for each metric logged once, as inline items that wrap with the cell's width."""
     items = []
     for name, by_rank in singles.items():
         for rank, (_, ys) in sorted(by_rank.items(), key=lambda kv: (kv[0] is None, kv[0] or 0)):
             label = name if rank is None else f"{name}[{rank}]"
-            value = fmt_value(ys[-1])
-            markup = f'<tspan font-weight="bold">{html.escape(label)}</tspan> {value}'
-            items.append((markup, 6.8 * (len(label) + len(value) + 4)))
-    rows, row, used = [], [], 0.0
-    for markup, w in items:
-        if row and used + w > width:
-            rows.append("   ".join(row))
-            row, used = [], 0.0
-        row.append(markup)
-        used += w
-    if row:
-        rows.append("   ".join(row))
-    return rows
+            items.append(
+                f'<span style="display: inline-block; margin-right: 1.5em"><b>{html.escape(label)}</b> '
+                f"{fmt_value(ys[-1])}</span>"
+            )
+    return "".join(items)

@@ -129,7 +129,7 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     for i in range(4, 8):
         _run_cell(page, i)
     cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(4)
-    chart = cell.locator("svg.nblaunch-chart")
+    chart = cell.locator("div.nblaunch-chart")
     expect(cell.locator(".nbl-smoothing")).to_have_count(1, timeout=120_000)  # the run ended: final chart
 
     link = cell.locator("a.nblaunch-run-link")
@@ -177,6 +177,13 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     )
     narrow = chart.evaluate(OVERLAPS)
     assert narrow["count"] >= 10 and narrow["hit"] == [], narrow
+    # every panel whole inside the output area: a narrow cell wraps the panels into rows, none is cut off
+    area = cell.locator(".jp-OutputArea-output").first.bounding_box()
+    shown = chart.locator("svg.nbl-panel")
+    panels = [shown.nth(i).bounding_box() for i in range(shown.count())]
+    right = area["x"] + area["width"] + 1
+    assert len(panels) == 2 and all(p["x"] + p["width"] <= right for p in panels), (panels, area)
+    assert panels[1]["y"] > panels[0]["y"] + panels[0]["height"] - 1, panels  # the second panel: on the next row
     cell.scroll_into_view_if_needed()
     snapshot(cell, "cell-chart-800px.png")
     page.set_viewport_size({"width": 1280, "height": 900})

@@ -51,7 +51,8 @@ def test_dashboard_names_the_slow_rank_and_charts_every_rank_with_axes_and_a_hov
     cpu = dash.locator('.nblaunch-chart[data-title="CPU per rank"]')
     expect(cpu.locator(".nblaunch-chart-key")).to_have_text(["rank 0", "rank 1", "rank 2", "rank 3"])
     expect(cpu.locator("text.nblaunch-chart-tick").first).to_have_text("0%")
-    expect(cpu.locator("text.nblaunch-chart-tick", has_text=re.compile(r"^(10|100)%$"))).to_have_count(1)
+    percents = cpu.locator("text.nblaunch-chart-tick", has_text=re.compile(r"^\d+%$")).all_text_contents()
+    assert max(int(p[:-1]) for p in percents) in (10, 25, 50, 100), percents  # the axis' top: a round step
     expect(cpu.locator("text.nblaunch-chart-tick", has_text=re.compile(r"^\d+:\d\d$")).first).to_be_visible()
     memory = dash.locator('.nblaunch-chart[data-title="Memory per rank (resident)"]')
     expect(memory.locator("text.nblaunch-chart-tick", has_text=re.compile(r"^\d+ [MG]iB$")).first).to_be_visible()

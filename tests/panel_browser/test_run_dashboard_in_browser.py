@@ -139,6 +139,14 @@ def test_run_dashboard_opens_from_list_palette_and_cell_link_charts_ranks_follow
         expect(log).to_contain_text(f"rank 1 working on step {seen + 5}", timeout=30_000)
         stamps = log_tab.locator(".nblaunch-log-stamp").filter(has_text=re.compile(r"^\d\d:\d\d:\d\d$"))
         expect(stamps.first).to_be_visible()  # lines that arrived while following carry their time
+        # following the newest line: the pane holds whole lines, the top one not cut in half
+        scrolled, cut = log.evaluate(
+            "pre => { const top = pre.getBoundingClientRect().top;"
+            " const first = [...pre.querySelectorAll('.nblaunch-log-line')]"
+            ".find(l => l.getBoundingClientRect().bottom > top + 0.5);"
+            " return [pre.scrollTop, top - first.getBoundingClientRect().top]; }"
+        )
+        assert scrolled > 0 and abs(cut) <= 1, f"scrolled {scrolled} px; the top line is cut by {cut:.1f} px"
         # search: only the lines that contain the text, marked, and still following
         log_tab.locator(".nblaunch-log-search").fill("step 1")
         expect(log_tab.locator(".nblaunch-log-count")).to_contain_text("contain “step 1”")
