@@ -132,7 +132,7 @@ class MetricsChart:
         basis = f"calc({100 / cols:.3f}% - {GAP * (cols - 1) / cols:.2f}px)"
         parts = [
             f'<div class="nblaunch-chart" style="display: flex; flex-wrap: wrap; gap: {GAP}px; width: 100%; '
-            "font: 12px var(--jp-ui-font-family, sans-serif); color: var(--jp-ui-font-color1, #222)\">",
+            'font: 12px var(--jp-ui-font-family, sans-serif); color: var(--jp-ui-font-color1, #222)">',
             f"<style>{_STYLE}</style>",
         ]
         if final and smoothable:
