@@ -1,9 +1,9 @@
 """What a cell shows, in a real JupyterLab and Debian's Chromium: the status line's short run name (a dashboard
 link, the log folder on hover), the chart at the cell's width with readable ticks, values on hover and a working
-smoothing control, no text on another at 1280 and 800 px wide, %distributed_last's linked logs,
-%distributed_config's invalid value; and what JupyterLab's status bar says while a cell with widgets runs,
-with the cell's one-line note during a kernel's first widget cell. Screenshots go to test-artifacts/
-(`make readme-images` copies the README's into docs/)."""
+smoothing control, no text on another at 1280 and 800 px wide (the panels wrap, none is cut off),
+%distributed_last's linked logs, %distributed_config's invalid value; and what JupyterLab's status bar says while
+a cell with widgets runs, with the cell's one-line note during a kernel's first widget cell, in one-shot cells
+and in a live session. Screenshots go to test-artifacts/ (`make readme-images` copies the README's into docs/)."""
 
 from __future__ import annotations
 
@@ -259,3 +259,49 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     # (the kernel cannot tell whether JupyterLab uses a subshell), and the line goes when the cell ends
     assert noted >= 3, noted
     expect(page.locator(".jp-NotebookPanel .jp-Cell").nth(1).locator(".nblaunch-idle-note")).to_have_count(0)
+
+
+LIVE_SLEEP = "%%distributed\nfrom kernelside import progress\nfor _ in progress(range(80)):\n    time.sleep(0.1)"
+
+
+def test_the_status_bar_during_a_live_sessions_first_cells(lab_server, browser_page, snapshot):
+    """A fresh kernel's live session: while %distributed_start and then the first live %%distributed cell run,
+    every moment JupyterLab's status bar reads Idle, the running cell says in its one line that it is running."""
+    page = browser_page
+    page.set_default_timeout(60_000)
+    cells = ["%load_ext kernelside\nimport time", "%distributed_start -n 2", LIVE_SLEEP, "%distributed_stop"]
+    write_notebook(lab_server.root / "live_first.ipynb", cells)
+    page.goto(lab_server.page_url("lab/tree/live_first.ipynb") + "&reset")
+    expect(page.locator("#jp-main-statusbar")).to_contain_text("Idle")
+    _run_cell(page, 0)
+    expect(_prompt(page, 0)).to_have_count(1)
+    _run_cell(page, 1)
+    start = page.locator(".jp-NotebookPanel .jp-Cell").nth(1)
+    starting = []
+    while not _prompt(page, 1).count() and len(starting) < 600:
+        starting.append((_kernel_status(page), start.locator(".nblaunch-idle-note").count() > 0))
+        page.wait_for_timeout(200)
+    print("%distributed_start: status bar and note", starting)
+    assert starting and all(status == "Busy" or noted for status, noted in starting[1:]), starting
+    expect(_prompt(page, 1)).to_have_count(1, timeout=120_000)
+    _run_cell(page, 2)
+    cell = page.locator(".jp-NotebookPanel .jp-Cell").nth(2)
+    note = cell.locator(".nblaunch-idle-note")
+    samples = []
+    for _ in range(20):
+        page.wait_for_timeout(200)
+        status, noted = _kernel_status(page), note.count() > 0
+        samples.append((status, noted))
+        if noted and sum(n for _, n in samples) == 1:
+            assert note.inner_text() == IDLE_NOTE
+            snapshot(cell, "cell-idle-note-live.png")
+    expect(_prompt(page, 2)).to_have_count(1, timeout=60_000)
+    print("the first live cell: status bar and note", samples)
+    unexplained = [i for i, (status, noted) in enumerate(samples) if status == "Idle" and not noted]
+    # the status bar may turn Idle only once the cell's widgets are up (the note comes with them): allow the
+    # first sample, taken before the cell's first output
+    assert [i for i in unexplained if i > 0] == [], samples
+    assert sum(status == "Busy" or noted for status, noted in samples) >= 15, samples
+    expect(note).to_have_count(0)  # the cell is over: its note goes
+    _run_cell(page, 3)
+    expect(_prompt(page, 3)).to_have_count(1, timeout=60_000)
