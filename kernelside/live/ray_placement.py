@@ -1,9 +1,16 @@
 """Where a Ray world's ranks go: its one placement group, each bundle's resources, and each rank's actor options.
 
-The placement group has one bundle per rank (``resources_per_worker``, a GPU each with ``use_gpu``), PACK; one
+The placement group has one bundle per rank (``resources_per_worker``, a GPU each with ``use_gpu``), placed by
+``placement_strategy`` (PACK unless said; STRICT_PACK: one whole node, STRICT_SPREAD: one rank per node); one
 that the cluster cannot hold fails within ``PLACEMENT_WAIT_S`` with what was asked and what each node has, and
 nothing is left. A rank's actor is pinned to its bundle by index, so a lost rank's replacement goes into the
 bundle it left (``live.ray_world.RayWorld.replace``).
+
+With GPUs, Ray's masking of ``CUDA_VISIBLE_DEVICES`` to each actor's own GPU is turned off
+(``NOSET_CUDA_VISIBLE_DEVICES``): NCCL on NVSwitch machines needs every rank of a node to see the node's GPUs
+(NVIDIA-NeMo/RL #2252, NVIDIA/nccl #1749, #1906). Each rank then picks its own GPU by index
+(``worker.ray_live_rank.cuda_index``: the GPU Ray gave it, which is its local rank where the ranks hold the
+node's GPUs in order), and sets it (``torch.cuda.set_device``) before its process group is made.
 
 Example::
 
@@ -16,7 +23,7 @@ from __future__ import annotations
 from ..errors import LaunchConfigError
 
 PLACEMENT_WAIT_S = 10.0  # a placement group not ready by then cannot be placed: the start fails, saying why
-STRATEGY = "PACK"
+NOSET_CUDA_VISIBLE_DEVICES = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"  # Ray's switch (ray._private.accelerators)
 
 
 def bundle_of(cfg: dict) -> dict:
@@ -29,11 +36,16 @@ def bundle_of(cfg: dict) -> dict:
     return bundle
 
 
-def place(ray, n: int, bundle: dict, address: str):
+def strategy_of(cfg: dict) -> str:
+    """The placement strategy of the plan's Ray settings (PACK unless said)."""
+    return cfg.get("placement_strategy") or "PACK"
+
+
+def place(ray, n: int, bundle: dict, address: str, strategy: str = "PACK"):
     """The placement group, ready; or a LaunchConfigError within PLACEMENT_WAIT_S, and nothing left."""
     from ray.util.placement_group import placement_group, remove_placement_group
 
-    pg = placement_group([dict(bundle) for _ in range(n)], strategy=STRATEGY)
+    pg = placement_group([dict(bundle) for _ in range(n)], strategy=strategy)
     ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_WAIT_S)
     if ready:
         return pg
@@ -43,9 +55,10 @@ def place(ray, n: int, bundle: dict, address: str):
         "num_processes",
         n,
         None,
-        message=f"the Ray cluster at {address!r} cannot place {n} live ranks of {{{asked}}} each ({STRATEGY}) within "
+        message=f"the Ray cluster at {address!r} cannot place {n} live ranks of {{{asked}}} each ({strategy}) within "
         f"{PLACEMENT_WAIT_S:g}s. The cluster has: {cluster_has(ray, bundle)}. Use fewer processes, smaller "
-        "resources_per_worker, or a larger cluster. Nothing was started.",
+        f"resources_per_worker{', another placement_strategy' if strategy != 'PACK' else ''}, or a larger cluster. "
+        "Nothing was started.",
     )
 
 
@@ -64,11 +77,20 @@ def cluster_has(ray, bundle: dict) -> str:
 
 def actor_options(pg, index: int, bundle: dict) -> dict:
     """The ``.options()`` of the actor of bundle ``index``: its bundle's resources, never restarted by Ray (a rank's
-    state cannot come back by re-running a constructor: nblaunch replaces a lost rank itself)."""
+    state cannot come back by re-running a constructor: nblaunch replaces a lost rank itself); with a GPU, Ray's
+    ``CUDA_VISIBLE_DEVICES`` masking off (see the module docstring).
+
+    Example::
+
+        >>> actor_options(pg, 1, {"CPU": 1.0, "GPU": 1.0})["runtime_env"]   # doctest: +SKIP
+        {'env_vars': {'RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES': '1'}}
+    """
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     rest = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
+    gpu = {"runtime_env": {"env_vars": {NOSET_CUDA_VISIBLE_DEVICES: "1"}}} if bundle.get("GPU") else {}
     return {
+        **gpu,
         "num_cpus": bundle["CPU"],
         "num_gpus": bundle.get("GPU", 0),
         "resources": rest or None,

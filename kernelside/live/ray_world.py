@@ -43,7 +43,7 @@ from ..worker.lifecycle import RankSpec
 from ..worker.ray_live_rank import CHANNELS
 from .ray_channel import RayPipes, RayRank, RayRankGroup, accept_ranks
 from .ray_losses import by_node, lost_line, nodes_gone, slot_on
-from .ray_placement import STRATEGY, bundle_of, cluster_has, place, start_actor
+from .ray_placement import bundle_of, cluster_has, place, start_actor, strategy_of
 from .world import WorldBase, WorldState, rss_of
 
 START_WAIT_S = 120.0  # the actors' start (a worker process each, imports) and their connections back
@@ -98,7 +98,7 @@ class RayWorld(WorldBase):
     def _start(self, ray, cfg: dict) -> None:
         n = self.plan.num_processes
         self.bundle = bundle_of(cfg)
-        self.pg = place(ray, n, self.bundle, cfg["address"])
+        self.pg = place(ray, n, self.bundle, cfg["address"], strategy_of(cfg))
         actors = [start_actor(ray, self.pg, i, self.bundle) for i in range(n)]
         self._actors = actors  # (released by _release if the start fails from here on)
         deadline = time.monotonic() + START_WAIT_S
@@ -222,7 +222,8 @@ class RayWorld(WorldBase):
             MASTER_PORT=str(self.port),
             TORCHELASTIC_USE_AGENT_STORE="True",  # the store is the kernel's: rank 0 connects to it as every rank
         )
-        device = "cuda:0" if plan.ray["use_gpu"] and info["gpus"] else "cpu"  # Ray shows each actor its own GPU
+        # its own GPU by index among those it sees (Ray's masking is off: every GPU of the node, live.ray_placement)
+        device = f"cuda:{info['cuda']}" if plan.ray["use_gpu"] and info.get("cuda") is not None else "cpu"
         return RankSpec.build(
             launch_settings(plan, self.render, False),
             rank=rank,
@@ -275,8 +276,8 @@ class RayWorld(WorldBase):
         nodes = len({w.node_id for w in self.group.workers}) if self.group is not None else 0
         up = time.monotonic() - self.made_at
         return (
-            f"{self.plan.num_processes} ranks on {nodes} Ray node(s), {self.plan.backend}, {STRATEGY}; "
-            f"flags {flags}; up {up:.0f}s"
+            f"{self.plan.num_processes} ranks on {nodes} Ray node(s), {self.plan.backend}, "
+            f"{strategy_of(self.plan.ray)}; flags {flags}; up {up:.0f}s"
         )
 
     def status(self) -> list[dict]:
