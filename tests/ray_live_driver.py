@@ -162,22 +162,6 @@ def main() -> None:
         out["pids_after_interrupt"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
         out["order"] = timed(k, ORDER_CELL)
         out["x1"] = [timed(k, "%%distributed\nx = 1\n")["s"] for _ in range(5)]
-        # a rank's process killed during a cell: named, and the world restarted (new actors, same flags)
-        killed = []
-
-        def kill_rank2(kind, content):
-            if "rank 0 in barrier" in content.get("text", "") and not killed:
-                killed.append(pids[2])
-                os.kill(pids[2], 9)
-
-        out["killed"] = timed(k, BARRIER_CELL.replace("rank == 3", "rank == 2"), on_output=kill_rank2)
-        imports = "import torch, torch.distributed as dist\n"
-        fresh = "%%distributed --return total\n" + imports + PUSHED_CELL.split("\n", 1)[1]
-        out["after_kill"] = timed(k, "scale = 1\n%distributed_push scale")  # the new ranks start empty
-        out["after_kill"]["cell"] = shown(k.run(fresh))
-        out["after_kill"]["total"] = shown(k.run("print(total)"))["stdout"]
-        out["pids_after_kill"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
-        pids = pids + out["pids_after_kill"]
         out["stop"] = timed(k, "%distributed_stop")
         out["stop_left"] = wait_nothing_left(pids, timeout=10)
         # the kernel's end with a session up: Ray's and nblaunch's own clean-up leave nothing either

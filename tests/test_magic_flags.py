@@ -39,6 +39,8 @@ def test_flags_read_back_under_their_schema_names_for_both_magics():
     assert settings(args) == {"num_processes": 3, "main_process_port": 29512, "engine": "local"}
     args = LiveMagics.distributed_start.parser.parse_args(["--timeout", "5", "--backend", "gloo"])
     assert settings(args) == {"timeout": 5.0, "backend": "gloo"}
+    args = LiveMagics.distributed_start.parser.parse_args(["--engine", "ray", "--placement-strategy", "strict_spread"])
+    assert settings(args) == {"engine": "ray", "placement_strategy": "strict_spread"}
 
 
 def test_the_settings_a_live_session_fixes_come_from_the_same_table():
@@ -50,6 +52,7 @@ def test_the_settings_a_live_session_fixes_come_from_the_same_table():
         "gpu_ids": "--gpu-ids",
         "main_process_port": "--port",
         "engine": "--engine",
+        "placement_strategy": "--placement-strategy",
     }
 
 

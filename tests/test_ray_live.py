@@ -22,7 +22,9 @@ pytestmark = [pytest.mark.kernel, pytest.mark.processes]
 
 @pytest.fixture(scope="module")
 def shown(starts_kernels):
-    proc = run_isolated([sys.executable, os.path.join(REPO, "tests", "ray_live_driver.py")], timeout=540)
+    # (PYTHONPATH: Ray's workers, started by the driver's cluster, import this checkout's kernelside, as the kernel)
+    driver = [sys.executable, os.path.join(REPO, "tests", "ray_live_driver.py")]
+    proc = run_isolated(driver, timeout=540, env={"PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "crash" not in out, out["crash"]
@@ -97,15 +99,3 @@ def test_stop_and_the_kernels_end_leave_no_actor_placement_group_or_process(show
     assert shown["stop_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
     assert shown["restart"]["error"] is None and len(shown["second_pids"]) == 2
     assert shown["kernel_end_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
-
-
-def test_a_killed_rank_process_is_named_and_the_world_restarts_in_new_actors(shown):
-    ename, evalue = shown["killed"]["error"]
-    assert ename == "WorkerError"
-    assert "rank 2 failed: its Ray actor's process ended" in evalue
-    assert "the live session was restarted: its state is gone (new processes, same flags)" in evalue
-    assert shown["killed"]["s"] < 90
-    assert shown["after_kill"]["error"] is None and shown["after_kill"]["cell"]["error"] is None
-    assert shown["after_kill"]["total"] == "4.0\n"  # the new world's 4 ranks run the next cell together
-    new = shown["pids_after_kill"]
-    assert len(new) == 4 and not set(new) & {r["pid"] for r in shown["ranks"]}

@@ -9,10 +9,12 @@ import os
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from kernelside.live.ray_channel import accept_ranks
+from kernelside.live.ray_losses import by_node, lost_line, slot_on
 from kernelside.live.ray_world import _order
 from kernelside.worker.ray_live_rank import CHANNELS, hello
 
@@ -84,3 +86,51 @@ def test_a_rank_that_never_connects_fails_the_start_by_the_deadline_naming_it():
         listener.close()
         for s in socks:
             s.close()
+
+
+def test_a_replacement_connection_is_accepted_only_for_the_lost_ranks():
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    socks = _connect(port, "a" * 32, 1) + _connect(port, "a" * 32, 3)  # rank 1 stayed: not to be taken again
+    try:
+        got = accept_ranks(listener, "a" * 32, 4, time.monotonic() + 30, lambda: None, ranks={3})
+        assert sorted(got) == [3] and sorted(got[3]) == sorted(CHANNELS)
+        for fd in got[3].values():
+            os.close(fd)
+    finally:
+        listener.close()
+        for s in socks:
+            s.close()
+
+
+def _rank(rank, node_id, local_rank=0, node_rank=0, pid=None):
+    return SimpleNamespace(
+        rank=rank,
+        node_id=node_id,
+        local_rank=local_rank,
+        node_rank=node_rank,
+        pid=pid or 100 + rank,
+        node=f"127.0.0.1 ({node_id})",
+    )
+
+
+def test_a_replacement_takes_the_free_local_rank_on_its_node_and_a_new_node_the_free_node_rank():
+    stayed = [_rank(0, "a", 0, 0), _rank(1, "a", 1, 0), _rank(3, "b", 1, 1)]
+    assert slot_on("b", stayed) == (0, 1, 2)  # rank 2's process killed: back on its node as local rank 0
+    assert slot_on("a", stayed[:1]) == (1, 0, 2)
+    # node b removed (ranks 2, 3): both go to node c, which takes node rank 1, the one b left
+    first = slot_on("c", stayed[:2])
+    assert first == (0, 1, 1)
+    assert slot_on("c", [*stayed[:2], _rank(2, "c", first[0], first[1])]) == (1, 1, 2)
+
+
+def test_lost_ranks_are_said_by_node_and_whether_the_node_left_the_cluster():
+    lost = [_rank(3, "b", pid=13), _rank(2, "b", pid=12), _rank(0, "a", pid=10)]
+    assert [[w.rank for w in ws] for ws in by_node(lost)] == [[0], [2, 3]]
+    assert lost_line(by_node(lost)[1], node_left=True) == (
+        "ranks 2, 3 (pids 12, 13) were lost with node 127.0.0.1 (b), which left the Ray cluster"
+    )
+    assert lost_line(by_node(lost)[0], node_left=False) == (
+        "rank 0 (pid 10) was lost on node 127.0.0.1 (a): the process ended (killed? out of memory?), the node is "
+        "still up"
+    )

@@ -196,6 +196,16 @@ FIELDS: tuple[Field, ...] = (
         "machines",
     ),
     Field(
+        "placement_strategy",
+        "str",
+        "pack",
+        "engine: ray: how the ranks' bundles are placed on nodes (Ray's placement strategies, as Ray Train's "
+        "ScalingConfig): pack (as few nodes as they fit on), spread (as many nodes as there are), strict_pack (one "
+        "whole node for every rank), strict_spread (one rank on each node).",
+        "machines",
+        choices=("pack", "spread", "strict_pack", "strict_spread"),
+    ),
+    Field(
         "same_network", "bool", True, "Accelerate: all machines are on the same network.", "machines", accelerate=True
     ),
     Field(

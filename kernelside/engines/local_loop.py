@@ -48,6 +48,22 @@ class RankMux:
         self.own = set(self.sel.get_map())  # the fds that stay from run to run; a run's own are taken off at its end
         self.closed = False
 
+    def forget(self, w) -> None:
+        """A lost rank's fds off the selector, before they are closed (a Ray world replaces that rank)."""
+        reader = self.readers.pop(w.rank, None)
+        fds = list(reader.fds.values()) if reader is not None else []
+        for fd in fds + ([w.pidfd] if w.pidfd is not None else []):
+            if fd in self.sel.get_map():
+                self.sel.unregister(fd)
+        self.own = set(self.sel.get_map())
+
+    def add(self, w) -> None:
+        """A new rank's pipes and exit notification (the replacement of a lost one), with a fresh reader."""
+        self.readers[w.rank] = RankReader(w, self.sel, EventReader())
+        if w.pidfd is not None:
+            self.sel.register(w.pidfd, selectors.EVENT_READ, (w, "exit"))
+        self.own = set(self.sel.get_map())
+
     def end_run(self) -> None:
         """Take off what a run registered (its bridge, the interrupt fd, a tracker's Stop): the next adds its own."""
         for fd in [fd for fd in self.sel.get_map() if fd not in self.own]:

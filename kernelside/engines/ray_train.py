@@ -148,7 +148,9 @@ class _EventSink:
         return out
 
 
-def _fit(loop_config: dict, backend: str, n: int, use_gpu: bool, per_worker: dict, name: str, storage: str) -> None:
+def _fit(
+    loop_config: dict, backend: str, n: int, use_gpu: bool, per_worker: dict, name: str, storage: str, strategy: str
+) -> None:
     """The Ray task that owns the training run: cancelling it stops Ray Train's controller and workers."""
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
@@ -157,7 +159,9 @@ def _fit(loop_config: dict, backend: str, n: int, use_gpu: bool, per_worker: dic
         _ray_entry,
         train_loop_config=loop_config,
         torch_config=TorchConfig(backend=backend),
-        scaling_config=ScalingConfig(num_workers=n, use_gpu=use_gpu, resources_per_worker=per_worker or None),
+        scaling_config=ScalingConfig(
+            num_workers=n, use_gpu=use_gpu, resources_per_worker=per_worker or None, placement_strategy=strategy
+        ),
         run_config=RunConfig(name=name, storage_path=storage, failure_config=FailureConfig(max_failures=0)),
     ).fit()
 
@@ -258,6 +262,7 @@ class RayEngine(Engine):
             dict(cfg["resources_per_worker"]),
             os.path.basename(self.log_dir),
             os.path.join(self.log_dir, "ray"),
+            cfg.get("placement_strategy", "PACK"),
         )
 
     def stop(self) -> None:

@@ -39,7 +39,7 @@ class LaunchPlan:
     log_dir: str | None
     base_env: dict  # variables every rank gets (rank-specific ones are added by env_for)
     engine: str = "local"  # the engines.table name: "local" | "elastic" (across machines) | "ray"
-    ray: dict | None = None  # engine "ray": address, use_gpu, resources_per_worker
+    ray: dict | None = None  # engine "ray": address, use_gpu, resources_per_worker, placement_strategy
     notices: tuple[str, ...] = ()  # lines the launch shows before it starts (why spawn, say)
     metrics: str = "on"  # "on": the frameworks' loggers draw the chart too (worker/metric_capture.py)
     # Across machines (torch's elastic launcher)
@@ -278,5 +278,10 @@ def ray_plan(v: dict) -> LaunchPlan:
         engine="ray",
         processes_per_machine=n,
         metrics=v["metrics"],
-        ray={"address": v["ray_address"], "use_gpu": use_gpu, "resources_per_worker": per_worker},
+        ray={
+            "address": v["ray_address"],
+            "use_gpu": use_gpu,
+            "resources_per_worker": per_worker,
+            "placement_strategy": v["placement_strategy"].upper(),
+        },
     )

@@ -266,6 +266,11 @@ class NameSender:
                 pass  # (the world's folder went with a restart already)
         self.segments.clear()
 
+    def rank_replaced(self) -> None:
+        """A lost rank's replacement holds none of the kernel's values: each is sent again with the next request
+        that needs it. The names the cells assigned stay the ranks' own (the ranks that stayed still hold them)."""
+        self.known.clear()
+
     def sent(self, values: dict[str, tuple], assigned=()) -> None:
         """The request carrying ``values`` reached every rank: remember what they now have."""
         for name, (blob, key, ref) in values.items():

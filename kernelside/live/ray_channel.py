@@ -66,6 +66,7 @@ class RayRank:
     gpus: list
     actor: object
     pipes: RayPipes
+    bundle: int = 0  # its bundle in the world's placement group (a replacement goes into the same one)
     status: ExitStatus | None = None
 
     @property
@@ -112,6 +113,20 @@ class RayRankGroup:
                 except Exception:  # noqa: BLE001 - already gone: its end shows on its control connection
                     pass
 
+    def drop(self, w: RayRank) -> None:
+        """A lost rank let go of: its actor killed (if Ray still has it), its connections closed; it stays listed
+        until its replacement takes its place."""
+        import ray
+
+        try:
+            ray.kill(w.actor, no_restart=True)
+        except Exception:  # noqa: BLE001 - gone with its node, or dead already
+            pass
+        close_quietly(*w.pipes.fds())
+        w.pipes = RayPipes(*([-1] * len(w.pipes.fds())))  # (its fd numbers may be reused at once)
+        if w.status is None:
+            w.status = ActorEnded("let go of as lost")
+
     def interrupt(self, workers) -> None:
         """■ to these ranks, on their control connections (a Ray actor task cannot be interrupted by Ray)."""
         for w in workers:
@@ -140,12 +155,16 @@ class RayRankGroup:
             close_quietly(*w.pipes.fds())
 
 
-def accept_ranks(listener: socket.socket, token: str, n: int, deadline: float, failed) -> dict[int, dict[str, int]]:
+def accept_ranks(
+    listener: socket.socket, token: str, n: int, deadline: float, failed, ranks: set[int] | None = None
+) -> dict[int, dict[str, int]]:
     """Accept every rank's connections (rank -> channel -> fd) until ``deadline``; ``failed()`` is checked
     meanwhile and says why a rank will never connect (its actor died), or None. Connections without the world's
-    token are closed. On any failure every fd accepted is closed again and a RuntimeError says what is missing."""
+    token are closed. On any failure every fd accepted is closed again and a RuntimeError says what is missing.
+    ``ranks``: the ranks expected (all ``n`` unless said: replacements of lost ranks); the others are refused."""
+    expected = set(range(n)) if ranks is None else set(ranks)
     got: dict[int, dict[str, int]] = {}
-    want = n * len(CHANNELS)
+    want = len(expected) * len(CHANNELS)
     try:
         while sum(len(c) for c in got.values()) < want:
             why = failed()
@@ -153,13 +172,13 @@ def accept_ranks(listener: socket.socket, token: str, n: int, deadline: float, f
                 raise RuntimeError(why)
             left = deadline - time.monotonic()
             if left <= 0:
-                missing = sorted(r for r in range(n) if len(got.get(r, {})) < len(CHANNELS))
+                missing = sorted(r for r in expected if len(got.get(r, {})) < len(CHANNELS))
                 raise RuntimeError(f"rank(s) {', '.join(map(str, missing))} did not connect back to the kernel in time")
             if not select.select([listener], [], [], min(left, 0.2))[0]:
                 continue
             conn, _ = listener.accept()
             intro = _hello(conn, token, n)
-            if intro is None:
+            if intro is None or intro[0] not in expected:
                 conn.close()
                 continue
             rank, channel = intro

@@ -4,15 +4,19 @@
 the request engine, the Runs entry and the display do not know which one runs). Its start:
 
 1. Ray is joined at ``ray_address`` (``engines.ray_train.connect``: Ray's log forwarding off);
-2. one placement group of ``num_processes`` bundles (``resources_per_worker``, a GPU each with ``use_gpu``),
-   PACK; one that the cluster cannot hold fails within ``PLACEMENT_WAIT_S`` with what was asked and what
-   each node has, and nothing is left;
+2. one placement group of ``num_processes`` bundles (``live.ray_placement``: ``resources_per_worker``, a GPU
+   each with ``use_gpu``), PACK; one that the cluster cannot hold fails within ``PLACEMENT_WAIT_S`` with what
+   was asked and what each node has, and nothing is left;
 3. one ``worker.ray_live_rank.LiveRankActor`` per bundle says where it is; ranks are ordered by node (the
    kernel's node first, then as the bundles came), then by GPU, as Ray Train orders its workers, and
    ``LOCAL_RANK`` / ``NODE_RANK`` are counted per Ray node id (several nodes may share one IP);
 4. the kernel holds the rendezvous store (as in a local world: the rebuild in place after a failure uses
    it), each actor's ``serve()`` connects back to the kernel's channel (``live.ray_channel``) and runs the
    live rank loop in its own process.
+
+A lost rank (its process killed, its node removed: ``live.ray_losses``) is named by rank and node, and
+``replace()`` starts a new actor in the bundle it left (Ray places a lost node's bundles again where there is
+room); the ranks that stayed keep their state and rebuild the default group with it (``live.rejoin_engine``).
 
 ``close()`` ends every rank (request channels closed, then ``ray.kill`` after the grace), removes the
 placement group and waits (bounded) until every rank's process let go of its connections.
@@ -34,16 +38,33 @@ import time
 
 from ..engines.contract import launch_settings
 from ..engines.ray_train import connect
-from ..errors import LaunchConfigError, LaunchError
+from ..errors import LaunchError
 from ..worker.lifecycle import RankSpec
-from ..worker.ray_live_rank import CHANNELS, LiveRankActor
+from ..worker.ray_live_rank import CHANNELS
 from .ray_channel import RayPipes, RayRank, RayRankGroup, accept_ranks
+from .ray_losses import by_node, lost_line, nodes_gone, slot_on
+from .ray_placement import bundle_of, cluster_has, place, start_actor, strategy_of
 from .world import WorldBase, WorldState, rss_of
 
-PLACEMENT_WAIT_S = 10.0  # a placement group not ready by then cannot be placed: the start fails, saying why
 START_WAIT_S = 120.0  # the actors' start (a worker process each, imports) and their connections back
 KILL_WAIT_S = 10.0  # after ray.kill, how long close() waits for the ranks' processes to end
-STRATEGY = "PACK"
+REPLACE_WAIT_S = 60.0  # a lost rank's bundle placed again (its node gone: on a node that has room) and connected
+
+
+@dataclasses.dataclass
+class Slot:
+    """Where one rank goes: its bundle, its actor, where that actor said it is, its place on its node."""
+
+    bundle: int
+    actor: object
+    where: dict
+    local_rank: int
+    node_rank: int
+    local_size: int
+
+    @property
+    def node_id(self) -> str:
+        return self.where["node_id"]
 
 
 class RayWorld(WorldBase):
@@ -76,50 +97,115 @@ class RayWorld(WorldBase):
 
     def _start(self, ray, cfg: dict) -> None:
         n = self.plan.num_processes
-        bundle = _bundle(cfg)
-        self.pg = _place(ray, n, bundle, cfg["address"])
-        actors = [_actor(ray, self.pg, i, bundle) for i in range(n)]
+        self.bundle = bundle_of(cfg)
+        self.pg = place(ray, n, self.bundle, cfg["address"], strategy_of(cfg))
+        actors = [start_actor(ray, self.pg, i, self.bundle) for i in range(n)]
         self._actors = actors  # (released by _release if the start fails from here on)
         deadline = time.monotonic() + START_WAIT_S
         where = _get(ray, [a.where.remote() for a in actors], deadline, "say where they are")
-        order = _order(where, self.node_id)
-        host = _kernel_host(ray)
-        listener = socket.create_server((host, 0), backlog=4 * n * len(CHANNELS))
+        self.host = _kernel_host(ray)
+        self.store = _store(self.host, n)
+        self.port = self.store.port
+        slots = {
+            rank: Slot(i, actors[i], where[i], local_rank, node_rank, local_size)
+            for rank, (i, local_rank, node_rank, local_size) in enumerate(_order(where, self.node_id))
+        }
+        self._serving = {}  # (kept: a task whose reference is dropped may be cancelled by Ray)
+        self.group = RayRankGroup(self._connect(ray, slots, deadline, gen=0))
+        self._actors = []
+
+    def _connect(self, ray, slots: dict, deadline: float, gen: int) -> list[RayRank]:
+        """Each slot's actor serves its rank (``gen``: the rebuilt process group a replacement joins) and connects
+        back to the kernel: the ranks, by rank."""
+        n = self.plan.num_processes
+        listener = socket.create_server((self.host, 0), backlog=4 * n * len(CHANNELS))
         try:
-            self.store = _store(host, n)
-            self.port = self.store.port
             token = secrets.token_hex(16)
-            address = (host, listener.getsockname()[1])
-            serving, ranks = [], []
-            for rank, (i, local_rank, node_rank, local_size) in enumerate(order):
-                info = where[i]
-                spec = self._spec(rank, local_rank, node_rank, local_size, info, host)
-                serving.append(actors[i].serve.remote(dataclasses.asdict(spec), address, token))
-                ranks.append((rank, i, info, local_rank, node_rank))
-            fds = accept_ranks(listener, token, n, deadline, lambda: _ended(ray, serving))
+            address = (self.host, listener.getsockname()[1])
+            serving = []
+            for rank, s in slots.items():
+                spec = self._spec(rank, s.local_rank, s.node_rank, s.local_size, s.where, gen)
+                self._serving[rank] = s.actor.serve.remote(dataclasses.asdict(spec), address, token)
+                serving.append(self._serving[rank])
+            fds = accept_ranks(listener, token, n, deadline, lambda: _ended(ray, serving), ranks=set(slots))
         finally:
             listener.close()
-        self.group = RayRankGroup(
-            [
-                RayRank(
-                    rank=rank,
-                    pid=info["pid"],
-                    node_id=info["node_id"],
-                    node_ip=info["ip"],
-                    local_rank=local_rank,
-                    node_rank=node_rank,
-                    gpus=info["gpus"],
-                    actor=actors[i],
-                    pipes=RayPipes(**{_KERNEL_END[c]: fds[rank][c] for c in CHANNELS}),
-                )
-                for rank, i, info, local_rank, node_rank in ranks
-            ]
-        )
-        self._actors = []
-        self._serving = serving  # (kept: a task whose reference is dropped may be cancelled by Ray)
+        return [
+            RayRank(
+                rank=rank,
+                pid=s.where["pid"],
+                node_id=s.where["node_id"],
+                node_ip=s.where["ip"],
+                local_rank=s.local_rank,
+                node_rank=s.node_rank,
+                gpus=s.where["gpus"],
+                actor=s.actor,
+                pipes=RayPipes(**{_KERNEL_END[c]: fds[rank][c] for c in CHANNELS}),
+                bundle=s.bundle,
+            )
+            for rank, s in sorted(slots.items())
+        ]
 
-    def _spec(self, rank: int, local_rank: int, node_rank: int, local_size: int, info: dict, host: str) -> RankSpec:
-        plan, n = self.plan, self.plan.num_processes
+    # -- a lost rank or node ------------------------------------------------------------------
+    replaces_lost = True  # a lost rank is replaced in its bundle; the others keep their state (live.session)
+
+    def lost(self) -> list[RayRank]:
+        """The ranks whose process is gone (killed, its node removed), as their connections say now."""
+        return [w for w in self.group.workers if self.group.poll(w) is not None] if self.up else []
+
+    def lost_words(self, lost: list[RayRank]) -> str:
+        """What was lost, by node: 'ranks 2, 3 (pids 11, 12) were lost with node 127.0.0.1 (ab12cd34), which left
+        the Ray cluster' or 'rank 1 (pid 10) was lost on node ...: its process ended (killed?), the node is up'."""
+        gone = nodes_gone(_ray(), {w.node_id for w in lost})
+        return "; ".join(lost_line(ws, ws[0].node_id in gone) for ws in by_node(lost))
+
+    def replace(self, lost: list[int]) -> int:
+        """New actors for these ranks, each in the bundle its rank left, connected and starting on a process group
+        rebuilt in place (the generation returned: the other ranks rebuild to it). A bundle not placed again within
+        ``REPLACE_WAIT_S`` (its node gone, no room left) raises a LaunchError saying what the cluster has."""
+        ray = _ray()
+        gone = [w for w in self.group.workers if w.rank in lost]
+        for w in gone:
+            self.mux.forget(w)
+            self.group.drop(w)
+        self.state, self.broken_because = WorldState.STARTING, None
+        gen = self.next_generation()
+        actors = {w.rank: start_actor(ray, self.pg, w.bundle, self.bundle) for w in gone}
+        self._actors = list(actors.values())
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        try:
+            places = _get(ray, [a.where.remote() for a in actors.values()], deadline, "start")
+            where = dict(zip(actors, places, strict=True))
+        except LaunchError:
+            raise LaunchError(
+                f"nblaunch: Ray could not place a new actor for rank(s) {', '.join(map(str, actors))} in the "
+                f"placement group's freed bundle(s) within {REPLACE_WAIT_S:g}s. The cluster has: "
+                f"{cluster_has(ray, self.bundle)}. Add a node with room for it."
+            ) from None
+        kept = [w for w in self.group.workers if w.rank not in actors]
+        slots = {}
+        for w in gone:
+            local_rank, node_rank, local_size = slot_on(where[w.rank]["node_id"], kept + list(slots.values()))
+            slots[w.rank] = Slot(w.bundle, actors[w.rank], where[w.rank], local_rank, node_rank, local_size)
+        new = self._connect(ray, slots, deadline, gen)
+        self._actors = []
+        self.group.workers = sorted(kept + new, key=lambda w: w.rank)
+        for w in new:
+            self.mux.add(w)
+            self.cells_run[w.rank] = 0
+        return gen
+
+    def placed_words(self, ranks) -> str:
+        """Where the replacements of ``ranks`` are: 'rank 2 is back as a new process (pid 41) on node ...'."""
+        back = [
+            f"rank {w.rank} is back as a new process (pid {w.pid}) on node {w.node}, local rank {w.local_rank}"
+            for w in self.group.workers
+            if w.rank in ranks
+        ]
+        return "; ".join(back) + f"; the process group was rebuilt over all {self.plan.num_processes} ranks"
+
+    def _spec(self, rank: int, local_rank: int, node_rank: int, local_size: int, info: dict, gen: int) -> RankSpec:
+        plan, n, host = self.plan, self.plan.num_processes, self.host
         env = dict(plan.base_env)
         if host.startswith("127.") and "GLOO_SOCKET_IFNAME" not in os.environ:
             env.setdefault("GLOO_SOCKET_IFNAME", "lo")  # every node on this machine: everything on 127.0.0.1
@@ -136,7 +222,8 @@ class RayWorld(WorldBase):
             MASTER_PORT=str(self.port),
             TORCHELASTIC_USE_AGENT_STORE="True",  # the store is the kernel's: rank 0 connects to it as every rank
         )
-        device = "cuda:0" if plan.ray["use_gpu"] and info["gpus"] else "cpu"  # Ray shows each actor its own GPU
+        # its own GPU by index among those it sees (Ray's masking is off: every GPU of the node, live.ray_placement)
+        device = f"cuda:{info['cuda']}" if plan.ray["use_gpu"] and info.get("cuda") is not None else "cpu"
         return RankSpec.build(
             launch_settings(plan, self.render, False),
             rank=rank,
@@ -145,6 +232,7 @@ class RayWorld(WorldBase):
             device=device,
             env=env,
             leaves_with_exit=True,  # (worker.ray_live_rank: os._exit, as a local rank)
+            group_gen=gen,
         )
 
     def close(self, grace: float) -> None:
@@ -188,8 +276,8 @@ class RayWorld(WorldBase):
         nodes = len({w.node_id for w in self.group.workers}) if self.group is not None else 0
         up = time.monotonic() - self.made_at
         return (
-            f"{self.plan.num_processes} ranks on {nodes} Ray node(s), {self.plan.backend}, {STRATEGY}; "
-            f"flags {flags}; up {up:.0f}s"
+            f"{self.plan.num_processes} ranks on {nodes} Ray node(s), {self.plan.backend}, "
+            f"{strategy_of(self.plan.ray)}; flags {flags}; up {up:.0f}s"
         )
 
     def status(self) -> list[dict]:
@@ -220,65 +308,6 @@ _KERNEL_END = {
 }
 
 
-def _bundle(cfg: dict) -> dict:
-    per_worker = {str(k): float(v) for k, v in dict(cfg["resources_per_worker"]).items()}
-    bundle = {"CPU": per_worker.pop("CPU", 1.0)}
-    if cfg["use_gpu"]:
-        bundle["GPU"] = per_worker.pop("GPU", 1.0)
-    bundle.update(per_worker)
-    return bundle
-
-
-def _place(ray, n: int, bundle: dict, address: str):
-    """The placement group, ready; or a LaunchConfigError within PLACEMENT_WAIT_S, and nothing left."""
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    pg = placement_group([dict(bundle) for _ in range(n)], strategy=STRATEGY)
-    ready, _ = ray.wait([pg.ready()], timeout=PLACEMENT_WAIT_S)
-    if ready:
-        return pg
-    remove_placement_group(pg)
-    asked = ", ".join(f"{k} {v:g}" for k, v in bundle.items())
-    raise LaunchConfigError(
-        "num_processes",
-        n,
-        None,
-        message=f"the Ray cluster at {address!r} cannot place {n} live ranks of {{{asked}}} each ({STRATEGY}) within "
-        f"{PLACEMENT_WAIT_S:g}s. The cluster has: {_cluster_has(ray, bundle)}. Use fewer processes, smaller "
-        "resources_per_worker, or a larger cluster. Nothing was started.",
-    )
-
-
-def _cluster_has(ray, bundle: dict) -> str:
-    nodes = [nd for nd in ray.nodes() if nd.get("Alive")]
-    free = ray.available_resources()
-    parts = []
-    for nd in nodes:
-        res = nd.get("Resources", {})
-        have = ", ".join(f"{k} {res.get(k, 0):g}" for k in bundle)
-        parts.append(f"node {nd.get('NodeManagerAddress')} ({nd['NodeID'][:8]}): {have}")
-    total = ", ".join(f"{k} {free.get(k, 0):g}" for k in bundle)
-    return f"{'; '.join(parts) or 'no live node'}; free now in all: {total}"
-
-
-def _actor(ray, pg, index: int, bundle: dict):
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    rest = {k: v for k, v in bundle.items() if k not in ("CPU", "GPU")}
-    return (
-        ray.remote(LiveRankActor)
-        .options(
-            num_cpus=bundle["CPU"],
-            num_gpus=bundle.get("GPU", 0),
-            resources=rest or None,
-            max_restarts=0,
-            max_task_retries=0,
-            scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=index),
-        )
-        .remote()
-    )
-
-
 def _get(ray, refs: list, deadline: float, what: str) -> list:
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=max(0.0, deadline - time.monotonic()))
     if len(ready) < len(refs):
@@ -305,6 +334,12 @@ def _order(where: list[dict], kernel_node: str) -> list[tuple[int, int, int, int
 def _first_gpu(gpus: list) -> int:
     ids = [g for g in gpus if isinstance(g, int)]
     return min(ids) if ids else -1
+
+
+def _ray():
+    import ray
+
+    return ray
 
 
 def _kernel_host(ray) -> str:

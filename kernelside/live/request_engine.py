@@ -51,6 +51,8 @@ WHERE_WAIT_S = 1.0  # the longest the end of a stopped request waits for the ran
 ABORT_AFTER_S = 0.2  # a rank not back this long after SIGINT waits in C: every rank closes its group sockets
 RESTARTED = "the live session was restarted: its state is gone (new processes, same flags)"
 REBUILT = "the process group was rebuilt in the same processes: every rank kept its state"
+REPLACING = "a new actor takes each lost rank's place in its placement-group bundle, with none of its state; the \
+other ranks keep theirs, on a process group rebuilt with the new rank(s)"
 KEPT = "no rank was left waiting in a collective: every rank kept its state, and the process group needed no rebuild"
 
 
@@ -174,19 +176,27 @@ class LiveRunEngine(Engine):
             recorder.note(f"nblaunch: {REBUILT}.")
         elif self.verdict.fate is WorldFate.KEPT and recorder.report.failures:
             recorder.note(f"nblaunch: {KEPT}.")  # the failure came before any peer waited for it
-        if not self.verdict.restarts or self.session.runs.stop_asked.is_set():
+        if not self.verdict.loses_state or self.session.runs.stop_asked.is_set():
             return  # (Stop from the launch panel: the session closes the world next, no restart)
-        message = f"nblaunch: {self.verdict.reason}; {RESTARTED}."
+        then = RESTARTED if self.verdict.restarts else REPLACING
+        message = f"nblaunch: {self.verdict.reason}; {then}."
+        if self.verdict.fate is WorldFate.REPLACE and recorder.report.state is not RunState.INTERRUPTED:
+            self.session.err.write(message + "\n")  # said now: the replacement takes seconds before the error shows
+            self.session.err.flush()
         if recorder.report.state is RunState.INTERRUPTED:
             self.session.err.write(message + "\n")
             self.session.err.flush()
             recorder.report.notes.append(message)
         elif not recorder.report.failures:
-            recorder.engine_failed(f"{self.verdict.reason}; {RESTARTED}.")
+            recorder.engine_failed(f"{self.verdict.reason}; {then}.")
         else:
             recorder.note(message)
 
     def _judge(self, recorder) -> Verdict:
+        world = self.session.world
+        lost = [w for w in world.group.workers if world.group.poll(w) is not None]
+        if lost and world.replaces_lost and not self.given_up and not self._stuck(recorder):
+            return Verdict(WorldFate.REPLACE, world.lost_words(lost), tuple(w.rank for w in lost))
         reason = self._broken(recorder)
         if reason is not None:
             return Verdict(WorldFate.RESTART, reason)
@@ -327,6 +337,16 @@ class LiveRunEngine(Engine):
             self.rebuild_notes = sorted({n for w in workers for n in self.idle[w.rank].get("notes", ())})
         return True
 
+    def _stuck(self, recorder, *, alive_only: bool = True) -> list[int]:
+        """The ranks of this request not back to idle (of those alive, unless said)."""
+        return [
+            w.rank
+            for w in self.session.world.group.workers
+            if w.rank in self.ranks
+            and not (alive_only and w.status is not None)
+            and recorder.rank_state(w.rank) is not RankState.IDLE
+        ]
+
     def _where_lines(self) -> list[str]:
         return list(self._where_by_rank().values())
 
@@ -352,7 +372,7 @@ class LiveRunEngine(Engine):
         dead = [w for w in workers if self.session.world.group.poll(w) is not None]
         if dead:
             return "; ".join(f"rank {w.rank} (pid {w.pid}) ended: {w.status.describe()}" for w in dead)
-        stuck = [w.rank for w in workers if w.rank in self.ranks and recorder.rank_state(w.rank) is not RankState.IDLE]
+        stuck = self._stuck(recorder, alive_only=False)
         if stuck:
             names = ", ".join(map(str, stuck))
             why = "■ was pressed again while " if self.given_up else ""

@@ -38,8 +38,9 @@ from ..run_contract import RunState
 from ..short_traceback import summary_line
 from . import registry
 from .names import NameSender
+from .rejoin_engine import RejoinEngine
 from .request import LiveRequest, one_request_at_a_time
-from .request_engine import RESTARTED, LiveRunEngine
+from .request_engine import REPLACING, RESTARTED, LiveRunEngine
 from .run_entry import NEXT_CELL, LiveRunEntry
 from .world import Verdict, WorldFate, WorldState, world_plan
 from .worlds import make_world
@@ -137,13 +138,22 @@ class LiveSession:
         engine.defer_display = False  # the start cell shows the session's status line until the session ends
         return engine
 
-    def _bring_up(self, what: str, cause: BaseException | None = None) -> None:
-        """Wait for a restarted world's ranks to be ready. If they fail, the session is stopped (a world that
-        cannot start would fail every later cell the same way) and the error says so: a LaunchError, or
-        ``cause`` (the cell's own error, whose root cause comes first) with that said at its end."""
+    def _bring_up(self, what: str, cause: BaseException | None = None, lost: tuple[int, ...] = ()) -> None:
+        """Wait for a restarted world's ranks to be ready (or, ``lost``: these ranks replaced in the world, the
+        others rebuilding their group with them). If they fail, the session is stopped (a world that cannot start
+        would fail every later cell the same way) and the error says so: a LaunchError, or ``cause`` (the cell's
+        own error, whose root cause comes first) with that said at its end."""
         try:
+            if lost:
+                gen = self.world.replace(lost)
+                self.names.rank_replaced()
+                self.runs.restarted()
+                kept = tuple(r for r in range(self.plan.num_processes) if r not in lost)
+                engine = RejoinEngine(self, kept=kept, gen=gen)
+            else:
+                engine = self._start_engine()
             with keeping_last_report():  # %distributed_last stays the cell's report, not the start's
-                self._execute(self._start_engine(), LaunchRequest(fn=None), self.plan)
+                self._execute(engine, LaunchRequest(fn=None), self.plan)
             self.world.ready()
         except BaseException as e:
             self._close(RunState.DONE)
@@ -194,6 +204,12 @@ class LiveSession:
             raise LaunchError(f"{self.runs.stopped_words()} This cell did not run. {NEXT_CELL}")
         if not self.world.up:
             raise LaunchError(STOPPED)
+        lost = self.world.lost()  # (a world that replaces lost ranks: gone since the last request ended)
+        if lost and self.world.state is not WorldState.BROKEN:
+            reason = f"{self.world.lost_words(lost)}, since the last cell"
+            self.err.write(f"nblaunch: {reason}; {REPLACING}.\n")
+            self.err.flush()
+            self._act(Verdict(WorldFate.REPLACE, reason, tuple(w.rank for w in lost)))
         if self.world.state is WorldState.BROKEN:  # a request before this one could not reach the ranks whole
             reason = self.world.broken_because
             self.err.write(f"nblaunch: {reason}; {RESTARTED}.\n")
@@ -216,12 +232,12 @@ class LiveSession:
         try:
             return self._run(engine, LaunchRequest(fn=request.fn, return_all=True), plan)
         except WorkerError as e:
-            if e.rank is not None and not engine.verdict.restarts:  # its rank still holds the failed frames
+            if e.rank is not None and not engine.verdict.loses_state:  # its rank still holds the failed frames
                 e.post_mortem = functools.partial(self.post_mortem, e.rank, req_id)  # %debug (notebook.debug_magic)
             raise
         finally:
             self.names.drop_segments()  # every rank is back to idle (or gone): what they mapped stays theirs
-            if engine.blob is None and not engine.verdict.restarts:  # the ranks have the values now
+            if engine.blob is None and not engine.verdict.loses_state:  # the ranks have the values now
                 self.names.sent(request.values, request.assigned)
 
     def _run(self, engine: LiveRunEngine, req: LaunchRequest, plan) -> LaunchOutcome:
@@ -243,8 +259,13 @@ class LiveSession:
     def _act(self, verdict: Verdict, cause=None, what: str = "the new ranks of that restart") -> None:
         """The one place the session acts on what a request left of the world: a world that cannot go on is
         restarted (new processes, same flags) and brought up; one kept or rebuilt goes on as it is. (Stop from
-        the launch panel meanwhile: no restart, the session closes the world next.)"""
-        if not verdict.restarts or self.runs.stop_asked.is_set():
+        the launch panel meanwhile: no restart, the session closes the world next.) Lost ranks of a world that
+        replaces them get new processes in their places; the others keep their state."""
+        if not verdict.loses_state or self.runs.stop_asked.is_set():
+            return
+        if verdict.fate is WorldFate.REPLACE:
+            self._bring_up("the lost rank(s)' replacements", cause=cause, lost=verdict.lost)
+            self.err.write(f"nblaunch: {self.world.placed_words(verdict.lost)}.\n")
             return
         self.restart_world()
         self._bring_up(what, cause=cause)

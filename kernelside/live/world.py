@@ -64,6 +64,7 @@ class WorldFate(enum.Enum):
     KEPT = "kept"  # every rank kept its state, and the process group needed no rebuild
     REBUILT = "rebuilt"  # the process group was rebuilt in the same processes: every rank kept its state
     RESTART = "restart"  # the world cannot go on: new processes, same flags, state gone
+    REPLACE = "replace"  # ranks were lost (``lost``): new ones in their places, the others keep their state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,11 +78,17 @@ class Verdict:
     """
 
     fate: WorldFate
-    reason: str | None = None  # RESTART: why, as the error says it ("rank 1 (pid 12) ended: ...")
+    reason: str | None = None  # RESTART, REPLACE: why, as the error says it ("rank 1 (pid 12) ended: ...")
+    lost: tuple[int, ...] = ()  # REPLACE: the ranks lost
 
     @property
     def restarts(self) -> bool:
         return self.fate is WorldFate.RESTART
+
+    @property
+    def loses_state(self) -> bool:
+        """Some rank's state is gone after it (every rank's, or the lost ranks')."""
+        return self.fate in (WorldFate.RESTART, WorldFate.REPLACE)
 
 
 KEPT_WORLD = Verdict(WorldFate.KEPT)
@@ -118,6 +125,7 @@ class WorldBase:
     group = None  # the implementation's, once started
     port = None  # the rendezvous store's
     segments = None  # a shared-memory folder for big return values, where every rank is on this machine
+    replaces_lost = False  # a lost rank is replaced alone (``lost``, ``lost_words``, ``replace``); else a restart
 
     def __init__(self, plan, log_dir: str, out, err, *, render: str):
         self.plan, self.log_dir, self.out, self.err, self.render = plan, log_dir, out, err, render
@@ -152,6 +160,10 @@ class WorldBase:
         self.close(0.2)
         self.restarts += 1
         return self.start()
+
+    def lost(self) -> list:
+        """The ranks whose process is gone, in a world that replaces them (``replaces_lost``)."""
+        return []
 
     def _ranks_up(self) -> None:
         """The ranks were started: their selector and ordered readers (every request's), their cell counts."""

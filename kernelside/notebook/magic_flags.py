@@ -99,6 +99,12 @@ LAUNCH_FLAGS = (
     ),
     Flag(("--config",), "nblaunch.yaml to use instead of the one found.", metavar="PATH", live=OnLiveCell.SESSION),
     Flag(
+        ("--placement-strategy",),
+        "engine ray: pack | spread | strict_pack (one whole node) | strict_spread (one rank per node).",
+        key="placement_strategy",
+        live=OnLiveCell.SESSION,
+    ),
+    Flag(
         ("--port",),
         "Rendezvous port (a free one is used if it is taken).",
         key="main_process_port",

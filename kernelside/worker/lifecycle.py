@@ -31,6 +31,7 @@ from . import (
     context,
     group_owner,
     lightning_bars,
+    live_rescue,
     metric_capture,
     output_positions,
     progress,
@@ -67,6 +68,7 @@ class RankSpec:
     stacks_file: str = ""  # where this rank dumps its stacks when asked (worker/stack_answer.py); "" for none
     result_segments: str = ""  # the launch's shared-memory folder for big return values (result_segments.py)
     debugger: str = ""  # the kernel's address for this rank's debugger (JupyterLab's panel on); "" for none
+    group_gen: int = 0  # a lost rank's replacement: it joins its peers' default group rebuilt in place as this one
 
     @classmethod
     def build(
@@ -82,6 +84,7 @@ class RankSpec:
         leaves_with_exit: bool = False,
         stacks_file: str = "",
         result_segments: str = "",
+        group_gen: int = 0,
     ) -> RankSpec:
         """The one place a rank's spec is made: the launch-wide settings (``engines.contract.launch_settings``,
         plain data that travels to any engine's workers) plus who this rank is.
@@ -108,6 +111,7 @@ class RankSpec:
             stacks_file=stacks_file,
             result_segments=result_segments,
             debugger=launch.get("debugger", ""),
+            group_gen=group_gen,
         )
 
 
@@ -154,18 +158,21 @@ def _init_process_group(spec: RankSpec) -> None:
 
     if spec.device.startswith("cuda"):
         torch.cuda.set_device(torch.device(spec.device))
-    dist.init_process_group(
-        backend=spec.backend,
-        init_method="env://",
-        rank=spec.rank,
-        world_size=spec.world_size,
-        timeout=group_owner.GROUP_TIMEOUT,
-    )
+    if spec.group_gen:  # its peers make this group in live_rescue.rebuild_group, which meets no further on gloo
+        live_rescue.join_rebuilt_group(spec.group_gen, spec.backend, spec.rank, spec.world_size)
+    else:
+        dist.init_process_group(
+            backend=spec.backend,
+            init_method="env://",
+            rank=spec.rank,
+            world_size=spec.world_size,
+            timeout=group_owner.GROUP_TIMEOUT,
+        )
     # gloo can return from init on one rank while a peer is still completing its connections;
     # a rank whose code then ends at once would close them under the peer. Meet once first.
     if spec.backend == "nccl":
         dist.barrier(device_ids=[torch.cuda.current_device()])  # names the device: no NCCL guesswork
-    else:
+    elif not spec.group_gen:
         dist.barrier()
 
 

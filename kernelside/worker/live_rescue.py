@@ -265,8 +265,7 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
         c10d._abort_process_group()
     else:
         destroy()
-    store = dist.PrefixStore(f"nblaunch-rebuild-{gen}", store)
-    init(backend=backend, store=store, rank=rank, world_size=size, timeout=timeout)  # the old group's timeout
+    init(backend=backend, store=rebuilt_store(gen, store), rank=rank, world_size=size, timeout=timeout)  # old timeout
     if nccl:  # the communicator made now, as at the rank's start (worker.lifecycle): not in the next cell
         import torch
 
@@ -280,6 +279,35 @@ def rebuild_group(gen: int, namespace: dict) -> list[str]:
             "make it again in a cell (dist.new_group(...), init_device_mesh(...))"
         )
     return notes
+
+
+def rebuilt_store(gen: int, store):
+    """The store of default group ``gen``: its own prefix on the rendezvous store itself, under no earlier group's
+    prefix, so that a rank new to the world (a lost rank's replacement) finds it knowing only ``gen``."""
+    import torch.distributed as dist
+
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    return dist.PrefixStore(f"nblaunch-rebuild-{gen}", store)
+
+
+def join_rebuilt_group(gen: int, backend: str, rank: int, world_size: int) -> None:
+    """A lost rank's replacement (a new process) joins the default group ``gen`` its peers rebuild in place
+    (``rebuild_group``), on the kernel's rendezvous store (``MASTER_ADDR``/``MASTER_PORT``)."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), None, False, group_owner.GROUP_TIMEOUT
+    )
+    dist.init_process_group(
+        backend=backend,
+        store=rebuilt_store(gen, store),
+        rank=rank,
+        world_size=world_size,
+        timeout=group_owner.GROUP_TIMEOUT,
+    )
+    global group_generation
+    group_generation = gen
 
 
 def _repoint(old, new) -> list[str]:

@@ -47,6 +47,25 @@ def hello(token: str, rank: int, channel: str) -> bytes:
     return f"nblaunch {token} {rank} {channel}\n".encode()
 
 
+def cuda_index(gpus: list, visible: str | None) -> int | None:
+    """The CUDA device index of this rank's GPU (the first Ray gave it) in what this process sees: Ray's masking
+    is off (``live.ray_placement``), so that is the node's ``CUDA_VISIBLE_DEVICES`` if set, else every GPU;
+    where Ray masked it anyway, its only GPU, 0. None without a GPU.
+
+    Example::
+
+        >>> cuda_index([5], "4,5,6,7"), cuda_index([2], None), cuda_index([2], "2"), cuda_index([], None)
+        (1, 2, 0, None)
+    """
+    if not gpus:
+        return None
+    first = str(gpus[0])
+    seen = [v.strip() for v in visible.split(",")] if visible else None
+    if seen is None:
+        return int(first) if first.isdigit() else 0
+    return seen.index(first) if first in seen else 0
+
+
 def _watch_control(fd: int) -> None:
     """(a thread) ■ from the kernel becomes this process's SIGINT; the kernel's end ends the rank."""
     while True:
@@ -71,11 +90,13 @@ class LiveRankActor:
         import ray
 
         ctx = ray.get_runtime_context()
+        gpus = [int(g) if str(g).isdigit() else str(g) for g in ray.get_gpu_ids()]
         return {
             "node_id": ctx.get_node_id(),
             "ip": ray.util.get_node_ip_address(),
             "pid": os.getpid(),
-            "gpus": [int(g) if str(g).isdigit() else str(g) for g in ray.get_gpu_ids()],
+            "gpus": gpus,
+            "cuda": cuda_index(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")),
         }
 
     def serve(self, spec: dict, address: tuple[str, int], token: str) -> int:
