@@ -7,10 +7,12 @@ import {
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
 import { ICommandPalette } from '@jupyterlab/apputils';
+import { IDebugger, IDebuggerSidebar } from '@jupyterlab/debugger';
 import { INotebookTracker, NotebookActions } from '@jupyterlab/notebook';
 
 import { EXPORT_CELL_SOURCE } from './cellTemplate';
 import { addOpenDashboardCommand } from './dashboardCommands';
+import { DebuggerRanks } from './debuggerRanks';
 import { logTabTitle } from './dashboardModel';
 import { launchIcon } from './icon';
 import { insertDistributedCell } from './insertCell';
@@ -118,4 +120,22 @@ const labTabs: JupyterFrontEndPlugin<TabArea> = {
   activate: (): TabArea => 'main'
 };
 
-export default [labTabs, plugin];
+/** The debugger sidebar's "Ranks" section (see debuggerRanks.ts); nothing where there is no debugger. */
+const debuggerRanks: JupyterFrontEndPlugin<void> = {
+  id: 'nblaunch:debugger-ranks',
+  description:
+    'A Ranks section in the debugger sidebar: the stopped ranks of a %%distributed cell, and which one the call stack, variables and steps are for.',
+  autoStart: true,
+  optional: [IDebugger, IDebuggerSidebar],
+  activate: (
+    _app: JupyterFrontEnd,
+    service: IDebugger | null,
+    sidebar: IDebugger.ISidebar | null
+  ) => {
+    if (service && sidebar) {
+      sidebar.insertWidget(0, new DebuggerRanks(service));
+    }
+  }
+};
+
+export default [labTabs, plugin, debuggerRanks];
