@@ -38,6 +38,13 @@ def test_a_live_cell_traceback_names_the_cell_by_its_count_too(kernel):
         cell = kernel.run(FAILING)
         count = cell.reply["execution_count"]
         assert f"<%%distributed cell In[{count}]>" in _text(cell), _text(cell)
+        # the same text again: each rank compiled it once, and the code names the cell it runs in now
+        nested = "%%distributed\ndef f():\n    return [1 / 0 for _ in range(1)]\nf()\n"
+        first, again = kernel.run(nested), kernel.run(nested)
+        for c in (first, again):
+            n = c.reply["execution_count"]
+            assert f'File "<%%distributed cell In[{n}]>", line 3, in <listcomp>' in _text(c), _text(c)
+            assert "return [1 / 0 for _ in range(1)]" in _text(c), _text(c)
     finally:
         kernel.run("%distributed_stop").ok()
 

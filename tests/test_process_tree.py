@@ -118,3 +118,30 @@ def test_live_ranks_strays_end_with_distributed_stop_and_nblaunch_keep_1_stays(k
         for pid, start in kept:
             if _alive(pid, start):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_has_children_sees_a_child_a_zombie_and_none():
+    import subprocess
+
+    from kernelside.process_tree import has_children
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # a process of its own, which starts children
+        try:
+            answers = [has_children(os.getpid())]
+            child = subprocess.Popen(["sleep", "30"])
+            answers.append(has_children(os.getpid()))
+            child.kill()
+            os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT)  # ended, not reaped yet: a zombie
+            answers.append(has_children(os.getpid()))
+            child.wait()
+            answers.append(has_children(os.getpid()))
+            os.write(w, json.dumps(answers).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 100).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    assert json.loads(got) == [False, True, True, False]

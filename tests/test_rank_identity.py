@@ -161,3 +161,45 @@ display(slider)
     assert not any(s["_model_name"] == "IntSliderModel" for s in cell.widget_states())
     shown = [c["data"] for k, c in cell.outputs if k == "display_data" and "IntSlider" in c["data"]["text/plain"]]
     assert shown == [{"text/plain": "IntSlider(value=7, description='from rank')"}]
+
+
+def _in_child(fn) -> str:
+    import os
+
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, repr(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 10000).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got
+
+
+def test_a_rank_forked_after_the_parents_look_resets_lightnings_flags_and_one_imported_since(monkeypatch):
+    import sys
+    import types
+
+    from kernelside.worker import rank_identity
+
+    before = types.ModuleType("lightning.nblaunch_test_before")
+    before._IS_INTERACTIVE = True
+    monkeypatch.setitem(sys.modules, before.__name__, before)
+    rank_identity.prime()  # the kernel, just before it forks
+
+    def child():
+        looked = [before._IS_INTERACTIVE]
+        rank_identity.become_launched_worker(1)  # nothing imported since the look: the parent's list of modules
+        looked.append(before._IS_INTERACTIVE)
+        before._IS_INTERACTIVE = True
+        since = types.ModuleType("lightning_fabric.nblaunch_test_since")
+        since._IS_INTERACTIVE = True
+        sys.modules[since.__name__] = since  # imported after the look: every module is walked again
+        rank_identity.become_launched_worker(1)
+        return looked + [before._IS_INTERACTIVE, since._IS_INTERACTIVE]
+
+    assert _in_child(child) == repr([True, False, False, False])

@@ -85,3 +85,48 @@ def test_a_forked_child_inherits_the_parents_look(module):
     os.close(r)
     os.waitpid(pid, 0)
     assert got == "['bar']"
+
+
+def _in_child(fn) -> str:
+    """``fn()``'s repr, computed in a forked child of this process."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.write(w, repr(fn()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    got = os.read(r, 10000).decode()
+    os.close(r)
+    os.waitpid(pid, 0)
+    return got
+
+
+def test_a_child_forked_right_after_the_look_walks_no_module_but_the_notebooks(module, monkeypatch):
+    lib = module("nblaunch_test_primed_lib", bar=tqdm.auto.tqdm)
+    main = types.ModuleType("nblaunch_test_main")
+    main.nb = None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    tqdm_holders.prime()
+    main.nb = tqdm.auto.tqdm  # the notebook rebinds a name after the look: still found
+
+    def child():
+        lib.__dict__["hidden"] = tqdm.std.tqdm  # a walk would find it; the parent's answer does not have it
+        return sorted(_names(tqdm_holders.HOLDERS.find(*tqdm_classes()))), sorted(
+            n for d, n in tqdm_holders.HOLDERS.find(*tqdm_classes()) if d is main.__dict__
+        )
+
+    assert _in_child(child) == repr((["bar", "nb"], ["nb"]))  # no "hidden": no walk
+
+
+def test_a_child_that_imported_something_since_the_look_walks_again(module):
+    lib = module("nblaunch_test_primed_lib2", bar=tqdm.auto.tqdm)
+    tqdm_holders.prime()
+
+    def child():
+        lib.more = tqdm.std.tqdm
+        sys.modules["nblaunch_test_child_import"] = types.ModuleType("nblaunch_test_child_import")
+        return sorted(_names(tqdm_holders.HOLDERS.find(*tqdm_classes())))
+
+    assert _in_child(child) == repr(["bar", "more"])

@@ -18,7 +18,7 @@ import signal
 import socket
 
 from ..debugger.kernel_proxy import ranks_debugger_address
-from ..worker import tqdm_holders
+from ..worker import before_fork
 from ..worker.entry import RankStart
 from ..worker.lifecycle import RankSpec
 from ..worker.result_segments import SegmentFolder
@@ -119,7 +119,7 @@ class LocalEngine(Engine):
         """Before the report exists: the imports forked ranks inherit, and the rendezvous port."""
         if self.plan.start_method == "fork":
             warmup.ensure()
-            tqdm_holders.prime()  # only what changed since the warm-up's walk: the ranks inherit the rest
+            before_fork.look()  # only what changed since the warm-up's walk: the ranks inherit the rest
         elif self.plan.start_method == "forkserver":
             self.template = forkserver.template_for_launch(self.out)
             self.start_method = "forkserver" if self.template is not None else "spawn"

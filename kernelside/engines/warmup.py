@@ -38,11 +38,11 @@ WARMUP = _Warmup()
 
 
 def _import() -> None:
-    from ..worker import tqdm_holders
+    from ..worker import before_fork
     from ..worker.warm_imports import import_rank_modules
 
     import_rank_modules()
-    tqdm_holders.prime()  # the walk each forked rank would otherwise make of every module's globals
+    before_fork.look()  # the walks each forked rank would otherwise make of every loaded module
     try:  # the launch plan asks Accelerate's launcher for the ranks' ACCELERATE_* variables (accelerate_env.py)
         import accelerate.commands.launch  # noqa: F401
     except Exception:

@@ -59,6 +59,7 @@ class RunRecorder:
         observers: RunObservers | None = None,
     ):
         self.report = report
+        self._by_rank: tuple[list | None, dict[int, RankReport]] = (None, {})  # (report.ranks, its index by rank)
         self.where = where  # where() -> each unfinished rank's line and collective, asked before a timeout or Stop
         self.clock = clock
         self.now = CLOCKS[clock]
@@ -255,10 +256,10 @@ class RunRecorder:
 
     # -- inside ---------------------------------------------------------------------------
     def _rank(self, rank: int) -> RankReport | None:
-        for rr in self.report.ranks:
-            if rr.rank == rank:
-                return rr
-        return None
+        # (asked for every event and every look at a rank's state: an index, not a walk of the list)
+        if self._by_rank[0] is not self.report.ranks:
+            self._by_rank = (self.report.ranks, {rr.rank: rr for rr in self.report.ranks})
+        return self._by_rank[1].get(rank)
 
     def _since(self, payload: dict) -> float:
         t = payload.get("wall" if self.clock == "wall" else "t")

@@ -70,8 +70,12 @@ class CellProgram:
         return CellValues(unwrap_for_return(value), returned, missing, available)
 
     def _compiled(self):
-        """The cell's code and its last expression's (None without one), compiled once per process and text."""
-        key = (self.source, self.filename, self.last_expression)
+        """The cell's code and its last expression's (None without one), compiled once per process and text.
+
+        The cell's file name changes at every run (``In[7]``, then ``In[8]``) while its text often does not (a
+        training step run again): the code compiled once is relabelled with this run's name instead of compiled
+        again, which costs every rank a fraction of a compile."""
+        key = (self.source, self.last_expression)
         got = _COMPILED.get(key)
         if got is None:
             tree = ast.parse(self.source, self.filename)
@@ -80,7 +84,15 @@ class CellProgram:
             if len(_COMPILED) >= _COMPILED_MAX:
                 _COMPILED.pop(next(iter(_COMPILED)))
             _COMPILED[key] = got
-        return got
+        return tuple(None if c is None else _named(c, self.filename) for c in got)
+
+
+def _named(code: types.CodeType, filename: str) -> types.CodeType:
+    """``code`` and the code objects inside it (functions, classes, comprehensions) as compiled from ``filename``."""
+    if code.co_filename == filename:
+        return code
+    consts = tuple(_named(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts)
+    return code.replace(co_filename=filename, co_consts=consts)
 
 
 # Per process on purpose: a live rank runs the same cell text again and again (a training step re-run), and its

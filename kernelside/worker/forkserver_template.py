@@ -51,11 +51,11 @@ def receive(sock: socket.socket) -> tuple[tuple | None, list[int]]:
 def _warm_imports() -> None:
     import cloudpickle  # noqa: F401
 
-    from . import entry, lifecycle, live_rank, tqdm_holders  # noqa: F401  (every rank runs these)
+    from . import before_fork, entry, lifecycle, live_rank  # noqa: F401  (every rank runs these)
     from .warm_imports import import_rank_modules
 
     import_rank_modules()  # what the kernel's warm-up imports for forked ranks
-    tqdm_holders.prime()  # and the walk of every module's globals each rank would make
+    before_fork.look()  # and the walks of every loaded module each rank would make
 
 
 class _Template:

@@ -212,10 +212,19 @@ def serve_requests(spec, events, requests_fd: int, namespace: dict, replies_fd: 
             _idle(events, req["id"], **extra)
 
 
+_RETURNING: dict[bool, tuple] = {}  # returns -> (the rank's spec, that spec with return_result=returns)
+
+
+def _returning(spec, returns: bool):
+    """The rank's spec with ``return_result`` for this request, made once per rank life, not at every request."""
+    got = _RETURNING.get(returns)
+    if got is None or got[0] is not spec:
+        got = _RETURNING[returns] = (spec, dataclasses.replace(spec, return_result=returns))
+    return got[1]
+
+
 def _serve(spec, events, req: dict, namespace: dict) -> None:
     """One request: take the kernel's names, then run the work like a one-shot rank runs its function."""
-    import dataclasses
-
     try:
         for name, blob in req.get("names", {}).items():  # big ones mapped from the kernel's segment
             namespace[name] = result_segments.loads_shared(blob, spec.result_segments)
@@ -228,7 +237,7 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
         fn.namespace = namespace
     ctx = context.current()
     ctx.progress_scope = req.get("progress", ctx.progress_scope)
-    rank_spec = dataclasses.replace(spec, return_result=spec.rank in req.get("return_from", (0,)))
+    rank_spec = _returning(spec, spec.rank in req.get("return_from", (0,)))
     events.send("ready", {**stamp(), "pid": os.getpid()})
 
     def work():

@@ -20,6 +20,7 @@ Example::
 
 from __future__ import annotations
 
+import os
 import sys
 
 # Lightning computes ``_IS_INTERACTIVE = hasattr(sys, "ps1") or bool(sys.flags.interactive)`` once,
@@ -39,6 +40,25 @@ _RANK_ZERO_MODULES = (
 )
 
 
+# [(pid, number of loaded modules, the names of Lightning's loaded modules)]: the parent's look just before it
+# forked (``prime``). Global on purpose: what a parent found is what its forked ranks inherit.
+_PRIMED: list[tuple[int, int, list[str]]] = []
+
+
+def prime() -> None:
+    """In a process about to fork ranks: which loaded modules are Lightning's, so that a rank forked before it
+    imports anything else needs no walk of every module (each module a walk touches is a page copied into
+    the rank, about 8 ms and 2,400 page copies per rank in a kernel with torch and transformers)."""
+    names = [n for n, m in list(sys.modules.items()) if m is not None and n.split(".", 1)[0] in _LIGHTNING_PACKAGES]
+    _PRIMED[:] = [(os.getpid(), len(sys.modules), names)]
+
+
+def _lightning_modules() -> list[tuple[str, object]]:
+    if _PRIMED and _PRIMED[0][0] != os.getpid() and _PRIMED[0][1] == len(sys.modules):
+        return [(n, sys.modules.get(n)) for n in _PRIMED[0][2]]
+    return [(n, m) for n, m in list(sys.modules.items()) if n.split(".", 1)[0] in _LIGHTNING_PACKAGES]
+
+
 def become_launched_worker(rank: int) -> list[str]:
     """Drop the kernel's interactive markers and per-process framework state in this rank.
 
@@ -54,8 +74,8 @@ def become_launched_worker(rank: int) -> list[str]:
         if hasattr(sys, name):
             delattr(sys, name)
             changed.append(f"sys.{name}")
-    for mod_name, mod in list(sys.modules.items()):
-        if mod is None or mod_name.split(".", 1)[0] not in _LIGHTNING_PACKAGES:
+    for mod_name, mod in _lightning_modules():
+        if mod is None:
             continue
         if getattr(mod, _INTERACTIVE_FLAG, None) is True:
             setattr(mod, _INTERACTIVE_FLAG, False)

@@ -13,7 +13,7 @@ import io
 import sys
 import types
 
-from . import result_segments, sharded_results
+from . import result_segments, shard_classes, sharded_results
 
 # Under fork, classes and functions the notebook defined before the launch exist in the
 # kernel too: results refer to them by name, so a returned ``Net`` instance is an instance
@@ -39,14 +39,26 @@ def _identity(x):
     return x
 
 
+# (segments, the shard types then loaded) -> the pickler class: made once, not at every result (a live rank
+# sends one per cell). Global on purpose: per rank process, like the table above.
+_PICKLERS: dict[tuple, type] = {}
+
+
 def _to_cpu_pickler(segments: bool = False):
     """A cloudpickle pickler that moves every non-CPU tensor to CPU as it is written, wherever it sits.
 
     ``segments``: big CPU tensors pickle their storage's bytes as one out-of-band buffer (result_segments.py)."""
+    shards = shard_classes.shard_types()
+    key = (segments, shards)
+    got = _PICKLERS.get(key)
+    if got is None:
+        got = _PICKLERS[key] = _make_pickler(segments, shards)
+    return got
+
+
+def _make_pickler(segments: bool, shards: tuple):
     import cloudpickle
     import torch
-
-    shards = sharded_results.shard_types()
 
     class ToCPUPickler(cloudpickle.Pickler):
         def __init__(self, *args, **kwargs):
@@ -64,7 +76,7 @@ def _to_cpu_pickler(segments: bool = False):
                 return (_kernel_main_attr, (obj.__qualname__,))
             if shards and isinstance(obj, shards):  # never send a shard that looks like the whole
                 raise sharded_results.ShardedResultError(
-                    f"{sharded_results.describe_shard(obj)} is still in the return value: it sits inside an object "
+                    f"{shard_classes.describe_shard(obj)} is still in the return value: it sits inside an object "
                     "nblaunch does not look into (one that pickles itself). Return it in a dict, list, tuple or module."
                 )
             if isinstance(obj, torch.Tensor) and obj.device.type != "cpu":

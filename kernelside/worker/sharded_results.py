@@ -34,10 +34,10 @@ import datetime
 import functools
 import itertools
 import pickle
-import sys
 import types
 
 from .cell_values import CellValues
+from .shard_classes import torch_classes
 from .sharded_rebuild import HOOK_DICTS, Rebuilder, hook_origin, rebuild_fsdp1
 
 _calls = itertools.count()  # every rank calls once per run, so the n-th call agrees on the same store keys
@@ -56,40 +56,6 @@ class _Gather:
     obj: object
     path: str
     meta: tuple  # what must match on every rank: shape and dtype, or the FSDP1 units
-
-
-def _torch_classes() -> dict:
-    """The classes that mark sharded objects; only those whose modules are loaded (none loaded: none exist)."""
-    found = {}
-    if "torch.distributed.tensor" in sys.modules:
-        from torch.distributed.tensor import DTensor
-
-        found["dtensor"] = DTensor
-    if "torch.distributed.fsdp" in sys.modules:
-        from torch.distributed.fsdp import FSDPModule, FullyShardedDataParallel
-        from torch.distributed.fsdp._flat_param import FlatParameter
-
-        found.update(fsdp1=FullyShardedDataParallel, fsdp2=FSDPModule, flat=FlatParameter)
-    if "torch.distributed.device_mesh" in sys.modules:
-        from torch.distributed.device_mesh import DeviceMesh
-
-        found["mesh"] = DeviceMesh
-    return found
-
-
-def shard_types() -> tuple[type, ...]:
-    """The types of objects that are shards (for the pickler's last check before sending; () when none exist)."""
-    cls = _torch_classes()
-    return tuple(cls[k] for k in ("dtensor", "flat", "fsdp1", "fsdp2") if k in cls)
-
-
-def describe_shard(obj) -> str:
-    """'a DTensor (shape [4, 2])', 'an FSDP2 module (Net)', ...: what a shard found in a return value is."""
-    if hasattr(obj, "device_mesh") and hasattr(obj, "placements"):
-        return f"a DTensor (shape {list(obj.shape)}, placements {tuple(obj.placements)})"
-    if type(obj).__name__ == "FlatParameter":
-        return "an FSDP1 flat parameter"
-    return f"an FSDP module ({type(obj).__name__})"
 
 
 # -- 1. find -------------------------------------------------------------------------------------------
@@ -366,22 +332,24 @@ def gather_for_return(value, *, keep: bool):
     """
     import torch.distributed as dist
 
-    classes = _torch_classes()
-    finder = _Finder(classes)
+    classes = torch_classes()
+    gathers: list[_Gather] = []
     if "dtensor" in classes or "fsdp1" in classes:  # neither ever imported here: nothing here is sharded
+        finder = _Finder(classes)
         finder.stack, named = _roots(value)
         for obj, name in named:
             finder.visit(obj, name)
         finder.mark_paths()
+        gathers = finder.gathers
     if not dist.is_available() or not dist.is_initialized():
-        if finder.gathers:
+        if gathers:
             raise ShardedResultError(
-                f"{finder.gathers[0].path} is sharded, but the process group was destroyed before the return value "
+                f"{gathers[0].path} is sharded, but the process group was destroyed before the return value "
                 "could be gathered. Leave destroy_process_group() to nblaunch (it runs after the gather)."
             )
         return value if keep else None
-    keepers = _agree(dist, finder.gathers, keep) if dist.get_world_size() > 1 else {0}
-    if not finder.gathers:
+    keepers = _agree(dist, gathers, keep) if dist.get_world_size() > 1 else {0}
+    if not gathers:
         return value if keep else None
     gathered: dict[int, object] = {}
     for g in finder.gathers:
