@@ -128,3 +128,63 @@ def test_pause_stops_the_rank_its_thread_names_and_every_rank_when_it_names_none
     spins = eval(k.run("spins").result["text/plain"])
     assert len(spins) == 2 and min(spins) > 0, spins
     assert k.children() == []
+
+
+BREAKPOINT_CELL = (
+    "%%distributed -n 2 --return-from all --return after\nvalue = rank * 3\nbreakpoint()\nafter = value + 1\n"
+)
+
+
+def test_breakpoint_in_a_rank_stops_in_the_panel_as_in_a_plain_cell_with_nothing_set_there(debugged):
+    k, d = debugged
+    plain = start(k, "seen = 1\nbreakpoint()\nthen = seen + 1\n")  # the kernel's own: where a plain cell stops
+    stopped = d.wait_event("stopped", timeout=60)
+    plain_line = top_frame(d, stopped["body"]["threadId"])["line"]
+    d.request("continue", {"threadId": stopped["body"]["threadId"]})
+    k.wait(plain, 60)
+    assert plain_line == 3 and plain.reply["status"] == "ok", plain.outputs
+    cell = start(k, BREAKPOINT_CELL)  # no breakpoint set in the panel: breakpoint() alone stops the ranks
+    ranks = stopped_ranks(d, 2)
+    try:
+        for label, thread in ranks.items():
+            frame = top_frame(d, thread)
+            assert (frame["name"], frame["line"]) == ("<module>", 4), frame  # the line after it, as the plain cell
+            scopes = d.request("scopes", {"frameId": frame["id"]})["body"]["scopes"]
+            local = {
+                v["name"]: v["value"]
+                for v in d.request("variables", {"variablesReference": scopes[0]["variablesReference"]})["body"][
+                    "variables"
+                ]
+            }
+            assert local["value"] == str(3 * int(label[-1])), local
+    finally:
+        continue_all(d, ranks.values())
+    k.wait(cell, 120)
+    assert cell.reply["status"] == "ok", cell.outputs
+    assert "(Pdb)" not in cell.stdout  # no pdb prompt meanwhile: the stop was the panel's
+    assert k.run("after").result["text/plain"] == "[1, 4]"
+
+
+def test_breakpoint_in_a_rank_is_pdb_through_stdin_once_the_debugger_is_switched_off(tmp_path):
+    k = Kernel(cwd=str(tmp_path))  # (its own kernel: ipykernel's debugger does not start twice in one kernel)
+    try:
+        d = KernelDebugger(k)
+        assert d.start()["isStarted"]
+        k.run("%load_ext kernelside").ok()
+        cell = start(k, BREAKPOINT_CELL)
+        continue_all(d, stopped_ranks(d, 2).values())
+        k.wait(cell, 120)
+        assert cell.reply["status"] == "ok", cell.outputs
+        d.stop()
+        prompts = []
+
+        def answer(prompt, password):
+            prompts.append(prompt)
+            return "c"
+
+        k.run(BREAKPOINT_CELL, timeout=120, on_input=answer).ok()
+        assert sorted(prompts) == ["(rank 0) (Pdb) ", "(rank 1) (Pdb) "], prompts
+        assert k.run("after").result["text/plain"] == "[1, 4]"
+        assert k.children() == []
+    finally:
+        k.shutdown()

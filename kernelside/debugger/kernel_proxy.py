@@ -53,13 +53,14 @@ def install(kernel) -> RankAdapters | None:
     return adapters
 
 
-def ranks_debugger_address() -> str:
+def ranks_debugger_address(stops_itself: bool = False) -> str:
     """What the ranks of a launch starting now connect their debugger to; '' when they run undebugged
-    (the kernel's debugger off, or nothing set in the panel that could stop them)."""
+    (the kernel's debugger off, or nothing set in the panel that could stop them). ``stops_itself``: the
+    code calls ``breakpoint()``, which stops in the panel while the debugger is on, set or not."""
     adapters, debugger = _installed.get("adapters"), _installed.get("debugger")
-    if adapters is None or not getattr(debugger, "is_started", False) or not adapters.wanted():
+    if adapters is None or not getattr(debugger, "is_started", False):
         return ""
-    return adapters.address()
+    return adapters.address() if stops_itself or adapters.wanted() else ""
 
 
 async def route(message: dict, original, adapters: RankAdapters) -> dict:

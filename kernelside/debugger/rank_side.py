@@ -68,7 +68,30 @@ def connect(address: str, rank: int, wait_s: float = CONFIGURE_WAIT_S) -> bool:
         print(f"nblaunch: rank {rank} runs without JupyterLab's debugger ({type(e).__name__}: {e})", file=sys.stderr)
         return False
     _connected.append(address)
+    _stop_in_panel_on_breakpoint()
     return True
+
+
+def _stop_in_panel_on_breakpoint() -> None:
+    """``breakpoint()`` in this rank stops in the panel on the next line, as in a plain cell of the kernel
+    (where debugpy's hook makes it a stop); the hook it replaces (pdb through the notebook's stdin,
+    ``worker.rank_stdin``) answers it again once the panel is gone (the debugger switched off)."""
+    before = sys.breakpointhook
+
+    def panel_breakpoint(*args, **kwargs):
+        import pydevd
+
+        if os.environ.get("PYTHONBREAKPOINT") or not pydevd._is_attached():  # (a user's own hook is theirs)
+            return before(*args, **kwargs)
+        pydevd.settrace(  # as debugpy.breakpoint(): a stop in the caller's frame, this thread only
+            suspend=True,
+            trace_only_current_thread=True,
+            patch_multiprocessing=False,
+            stop_at_frame=sys._getframe(1),
+            notify_stdin=False,
+        )
+
+    sys.breakpointhook = panel_breakpoint
 
 
 def _configured(wait_s: float) -> bool:
