@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
 from . import rank_values
@@ -61,6 +62,33 @@ def ranks_debugger_address(stops_itself: bool = False) -> str:
     if adapters is None or not getattr(debugger, "is_started", False):
         return ""
     return adapters.address() if stops_itself or adapters.wanted() else ""
+
+
+ENGINE_WORDS = {"elastic": "torch's elastic launcher (several machines)", "ray": "Ray"}
+
+
+def for_engine(engine: str, fn):
+    """(``fn`` as ranks on ``engine`` run it, the one line the launch says first, or '').
+
+    JupyterLab's debugger reaches the ranks of this machine's engine only (a debugged rank connects to the
+    kernel's loopback listener): on another engine, while the debugger is on, the launch says so once and
+    runs, and a cell's ranks do not try to connect (``notebook.cell.CellProgram.debugger`` emptied).
+
+    Example::
+
+        fn, note = for_engine("ray", program)   # note: "nblaunch: JupyterLab's debugger does not reach ..."
+    """
+    debugger = _installed.get("debugger")
+    if engine == "local" or not getattr(debugger, "is_started", False):
+        return fn, ""
+    if getattr(fn, "debugger", "") and dataclasses.is_dataclass(fn):
+        fn = dataclasses.replace(fn, debugger="")
+    words = ENGINE_WORDS.get(engine, engine)
+    note = (
+        f"nblaunch: JupyterLab's debugger does not reach ranks on {words}: this launch runs without it "
+        "(its breakpoints stop ranks of this machine's launches, and plain cells)."
+    )
+    return fn, note
 
 
 async def route(message: dict, original, adapters: RankAdapters) -> dict:
