@@ -15,6 +15,8 @@ import pytest
 from kernel import REPO
 from netns import run_isolated
 
+pytestmark = pytest.mark.timeout(600)  # (one driver: three engines' start-ups, on a loaded machine)
+
 NOTE = "nblaunch: JupyterLab's debugger does not reach ranks on "
 
 
