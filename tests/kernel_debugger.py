@@ -10,7 +10,7 @@ from __future__ import annotations
 import queue
 import time
 
-from kernel import Kernel
+from kernel import Cell, Kernel
 
 # what @jupyterlab/debugger's session sends with initialize (its DebugSession.start)
 INITIALIZE = {
@@ -95,3 +95,45 @@ class KernelDebugger:
     def _stray(self, msg: dict) -> None:
         if msg["msg_type"] == "debug_event":
             self.events.append(msg["content"])
+
+
+# -- what the panel does, as the tests of ranks in the panel use it ---------------------------------------------
+def set_breakpoints(d: KernelDebugger, cell: str, lines) -> str:
+    """What JupyterLab does on a click in the cell's gutter: the cell dumped, its breakpoints set."""
+    source = d.request("dumpCell", {"code": cell})["body"]["sourcePath"]
+    reply = d.request("setBreakpoints", {"source": {"path": source}, "breakpoints": [{"line": n} for n in lines]})
+    assert reply["success"], reply
+    return source
+
+
+def clear_breakpoints(d: KernelDebugger, source: str) -> None:
+    d.request("setBreakpoints", {"source": {"path": source}, "breakpoints": []})
+
+
+def start(k: Kernel, code: str) -> Cell:
+    cell = Cell()
+    cell.msg_id = k.kc.execute(code)
+    return cell
+
+
+def stopped_ranks(d: KernelDebugger, n: int, timeout: float = 120) -> dict[str, int]:
+    """Wait for ``n`` stopped rank threads; {"rank N": panel thread id}."""
+    seen: dict[str, int] = {}
+    deadline = time.monotonic() + timeout
+    while len(seen) < n:
+        left = deadline - time.monotonic()
+        event = d.wait_event("stopped", timeout=max(left, 0.1), where=lambda b: b["threadId"] not in seen.values())
+        names = {t["id"]: t["name"] for t in d.request("threads")["body"]["threads"]}
+        seen[names[event["body"]["threadId"]]] = event["body"]["threadId"]
+    return seen
+
+
+def frame_variables(d: KernelDebugger, thread: int) -> tuple[dict, dict]:
+    """The top frame of ``thread`` and its local variables by name (name → value text)."""
+    frame = d.request("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
+    scopes = d.request("scopes", {"frameId": frame["id"]})["body"]["scopes"]
+    found = {}
+    for scope in scopes:
+        for v in d.request("variables", {"variablesReference": scope["variablesReference"]})["body"]["variables"]:
+            found.setdefault(v["name"], v["value"])
+    return frame, found

@@ -7,11 +7,16 @@ the threads the ``stopped`` events name. Ranks are real processes with torch.dis
 
 from __future__ import annotations
 
-import time
-
 import pytest
-from kernel import Cell, Kernel
-from kernel_debugger import KernelDebugger
+from kernel import Kernel
+from kernel_debugger import (
+    KernelDebugger,
+    clear_breakpoints,
+    frame_variables,
+    set_breakpoints,
+    start,
+    stopped_ranks,
+)
 
 pytestmark = pytest.mark.kernel  # starts kernels
 
@@ -27,47 +32,6 @@ def debugged(tmp_path_factory):
     yield k, d
     d.stop()
     k.shutdown()
-
-
-def set_breakpoints(d: KernelDebugger, cell: str, lines) -> str:
-    """What JupyterLab does on a click in the cell's gutter: the cell dumped, its breakpoints set."""
-    source = d.request("dumpCell", {"code": cell})["body"]["sourcePath"]
-    reply = d.request("setBreakpoints", {"source": {"path": source}, "breakpoints": [{"line": n} for n in lines]})
-    assert reply["success"], reply
-    return source
-
-
-def clear_breakpoints(d: KernelDebugger, source: str) -> None:
-    d.request("setBreakpoints", {"source": {"path": source}, "breakpoints": []})
-
-
-def start(k: Kernel, code: str) -> Cell:
-    cell = Cell()
-    cell.msg_id = k.kc.execute(code)
-    return cell
-
-
-def stopped_ranks(d: KernelDebugger, n: int, timeout: float = 120) -> dict[str, int]:
-    """Wait for ``n`` stopped rank threads; {"rank N": panel thread id}."""
-    seen: dict[str, int] = {}
-    deadline = time.monotonic() + timeout
-    while len(seen) < n:
-        left = deadline - time.monotonic()
-        event = d.wait_event("stopped", timeout=max(left, 0.1), where=lambda b: b["threadId"] not in seen.values())
-        names = {t["id"]: t["name"] for t in d.request("threads")["body"]["threads"]}
-        seen[names[event["body"]["threadId"]]] = event["body"]["threadId"]
-    return seen
-
-
-def frame_variables(d: KernelDebugger, thread: int) -> tuple[dict, dict]:
-    """The top frame of ``thread`` and its local variables by name (name → value text)."""
-    frame = d.request("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
-    scopes = d.request("scopes", {"frameId": frame["id"]})["body"]["scopes"]
-    found = {}
-    for scope in scopes:
-        for v in d.request("variables", {"variablesReference": scope["variablesReference"]})["body"]["variables"]:
-            found.setdefault(v["name"], v["value"])
-    return frame, found
 
 
 def test_a_breakpoint_on_line_3_stops_both_ranks_with_their_rank_and_locals(debugged):

@@ -39,8 +39,9 @@ def test_a_rank_that_runs_on_forgets_its_frames_but_keeps_its_threads():
 def test_every_id_carrying_request_of_the_panel_is_routed_by_its_id():
     assert panel_id_of(ROUTES["copyToGlobals"], {"srcFrameId": 7}) == 7
     assert panel_id_of(ROUTES["variables"], {"variablesReference": 8}) == 8
-    for command in ("stackTrace", "continue", "next", "stepIn", "stepOut", "pause"):
+    for command in ("stackTrace", "continue", "next", "stepIn", "stepOut"):
         assert ROUTES[command] is Route.BY_THREAD
+    assert ROUTES["pause"] is Route.PAUSE  # a rank's thread, or every rank (kernel_proxy._pause)
     assert ROUTES.get("dumpCell", Route.KERNEL) is Route.KERNEL
 
 

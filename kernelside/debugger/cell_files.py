@@ -18,11 +18,12 @@ import os
 from .kernel_proxy import ranks_debugger_address
 
 
-def debugged_cell_file(body: str, raw: str | None) -> tuple[str, int] | None:
+def debugged_cell_file(body: str, raw: str | None, stops_itself: bool = False) -> tuple[str, int] | None:
     """(the debugger's file name for the running cell, lines above ``body`` in it) while the ranks of a launch
     are debugged; None otherwise (then ranks name the cell ``<%%distributed cell In[N]>``). ``raw``: the running
-    cell's whole text as the notebook sent it (``kernel_shell.running_cell_text``)."""
-    if not ranks_debugger_address():
+    cell's whole text as the notebook sent it (``kernel_shell.running_cell_text``); ``stops_itself``: it
+    calls ``breakpoint()`` (``kernel_proxy.ranks_debugger_address``)."""
+    if not ranks_debugger_address(stops_itself):
         return None
     if not raw or body.rstrip("\n") not in raw:
         return None  # not run from a notebook cell (a cell_magic call): nothing in the panel names it

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 
+from . import rank_values
 from .dap_connection import DapClosed
 from .rank_adapters import RELEASE, RankAdapters
 from .routes import ROUTES, Route, inward, outward, panel_id_of, thread_name
@@ -47,17 +49,46 @@ def install(kernel) -> RankAdapters | None:
         return await route(message, original, adapters)
 
     debugger.process_request = process_request
-    _installed.update(adapters=adapters, debugger=debugger)
+    shell = getattr(kernel, "shell", None)
+    _installed.update(adapters=adapters, debugger=debugger, namespace=getattr(shell, "user_ns", None))
     return adapters
 
 
-def ranks_debugger_address() -> str:
+def ranks_debugger_address(stops_itself: bool = False) -> str:
     """What the ranks of a launch starting now connect their debugger to; '' when they run undebugged
-    (the kernel's debugger off, or nothing set in the panel that could stop them)."""
+    (the kernel's debugger off, or nothing set in the panel that could stop them). ``stops_itself``: the
+    code calls ``breakpoint()``, which stops in the panel while the debugger is on, set or not."""
     adapters, debugger = _installed.get("adapters"), _installed.get("debugger")
-    if adapters is None or not getattr(debugger, "is_started", False) or not adapters.wanted():
+    if adapters is None or not getattr(debugger, "is_started", False):
         return ""
-    return adapters.address()
+    return adapters.address() if stops_itself or adapters.wanted() else ""
+
+
+ENGINE_WORDS = {"elastic": "torch's elastic launcher (several machines)", "ray": "Ray"}
+
+
+def for_engine(engine: str, fn):
+    """(``fn`` as ranks on ``engine`` run it, the one line the launch says first, or '').
+
+    JupyterLab's debugger reaches the ranks of this machine's engine only (a debugged rank connects to the
+    kernel's loopback listener): on another engine, while the debugger is on, the launch says so once and
+    runs, and a cell's ranks do not try to connect (``notebook.cell.CellProgram.debugger`` emptied).
+
+    Example::
+
+        fn, note = for_engine("ray", program)   # note: "nblaunch: JupyterLab's debugger does not reach ..."
+    """
+    debugger = _installed.get("debugger")
+    if engine == "local" or not getattr(debugger, "is_started", False):
+        return fn, ""
+    if getattr(fn, "debugger", "") and dataclasses.is_dataclass(fn):
+        fn = dataclasses.replace(fn, debugger="")
+    words = ENGINE_WORDS.get(engine, engine)
+    note = (
+        f"nblaunch: JupyterLab's debugger does not reach ranks on {words}: this launch runs without it "
+        "(its breakpoints stop ranks of this machine's launches, and plain cells)."
+    )
+    return fn, note
 
 
 async def route(message: dict, original, adapters: RankAdapters) -> dict:
@@ -69,6 +100,8 @@ async def route(message: dict, original, adapters: RankAdapters) -> dict:
         if owner is None:
             return await original(message)
         return await _ask_rank(message, owner[0], adapters)
+    if how is Route.PAUSE:
+        return await _pause(message, original, adapters)
     if how is Route.RELEASE:
         sent = []
         for a in adapters.forget_panel():
@@ -99,8 +132,8 @@ async def _ask_rank(message: dict, rank: int, adapters: RankAdapters) -> dict:
     if a is None:
         return {**reply, "success": False, "message": f"rank {rank} is no longer running"}
     arguments = inward(message.get("arguments") or {}, adapters.ids)
-    if command == "richInspectVariables":
-        return await _rich_inspect(reply, a, arguments)
+    if command in ("richInspectVariables", "copyToGlobals"):
+        return await _rank_value(command, reply, a, arguments)
     try:
         answer = await _answer(a.conn, a.conn.send(command, arguments), ANSWER_TIMEOUT_S)
     except (DapClosed, TimeoutError) as e:
@@ -117,18 +150,54 @@ async def _ask_rank(message: dict, rank: int, adapters: RankAdapters) -> dict:
     return out
 
 
-async def _rich_inspect(reply: dict, a, arguments: dict) -> dict:
-    """The panel's rich view of a rank's variable: its text (a rank has no IPython display formatter)."""
-    name = arguments.get("variableName", "")
-    if not str(name).isidentifier():
-        return {**reply, "success": True, "body": {"data": {}, "metadata": {}}}
-    ask = {"expression": name, "frameId": arguments.get("frameId"), "context": "clipboard"}
+async def _pause(message: dict, original, adapters: RankAdapters) -> dict:
+    """``pause`` of a rank's thread pauses that rank. Of any other thread (JupyterLab's panel names thread 1
+    when nothing is stopped), while ranks are connected: every rank not stopped yet; the kernel's own threads
+    run on (its main thread serves the launch: paused, no rank's output, stop or end would reach the cell).
+    With no rank connected it is the kernel's, as before.
+
+    A rank pauses all its threads (pydevd's ``"*"``): its pause of one thread by id stops that thread in a
+    frame of no line (line 0), where the panel shows nothing and an evaluation changes nothing."""
+    owner = adapters.ids.inward((message.get("arguments") or {}).get("threadId"))
+    ranks = adapters.connected()
+    if owner is None and not ranks:
+        return await original(message)
+    if owner is not None:
+        ranks = [a for a in ranks if a.rank == owner[0]]
+    sent = []
+    for a in ranks:
+        if not a.stopped:  # (a stopped rank paused again would leave the line it is stopped on)
+            with contextlib.suppress(DapClosed):
+                sent.append((a.conn, a.conn.send("pause", {"threadId": "*"})))
+    for conn, done in sent:
+        with contextlib.suppress(DapClosed, TimeoutError):
+            await _answer(conn, done, ANSWER_TIMEOUT_S)
+    return {"type": "response", "request_seq": message.get("seq"), "command": "pause", "seq": 0, "success": True}
+
+
+async def _rank_value(command: str, reply: dict, a, arguments: dict) -> dict:
+    """A rank's variable shown richly, or copied to the globals (``rank_values``): one ``evaluate`` in its frame."""
+    rich = command == "richInspectVariables"
+    ask = rank_values.rich_request(arguments) if rich else rank_values.copy_request(arguments)
+    if ask is None:
+        if rich:
+            return {**reply, "success": True, "body": dict(rank_values.NOTHING)}
+        return {**reply, "success": False, "message": "dstVariableName and srcVariableName must be identifiers"}
     try:
         answer = await _answer(a.conn, a.conn.send("evaluate", ask), ANSWER_TIMEOUT_S)
     except (DapClosed, TimeoutError) as e:
         return {**reply, "success": False, "message": str(e)}
-    data = {"text/plain": (answer.get("body") or {}).get("result", "")} if answer.get("success") else {}
-    return {**reply, "success": True, "body": {"data": data, "metadata": {}}}
+    if rich:
+        return {**reply, "success": True, "body": rank_values.rich_body(answer)}
+    name = arguments["dstVariableName"]
+    try:
+        value = rank_values.copied_value(answer)
+    except Exception as e:  # noqa: BLE001 - what the rank could not send is said, the panel goes on
+        return {**reply, "success": False, "message": f"rank {a.rank} could not copy {name}: {e}"}
+    namespace = _installed.get("namespace")
+    if namespace is not None:
+        namespace[name] = value  # the notebook's globals: the next cell sees the rank's value
+    return {**reply, "success": True, "body": {"value": repr(value)[:200], "variablesReference": 0}}
 
 
 async def _rank_threads(adapters: RankAdapters) -> list[dict]:

@@ -9,6 +9,9 @@ user code asks for (``init_process_group(timeout=5s)``) does not lower nblaunch'
 
 A rank that cannot reach the kernel's debugger says so in one line and runs undebugged.
 
+The panel's rich view of a variable and its "Copy Variable to Globals" are answered in a stopped frame of the
+rank by ``rich_view`` and ``copied`` (``kernel_proxy`` evaluates them there, as ipykernel evaluates its own).
+
 Example::
 
     connect("127.0.0.1:41233:3f0c…", rank=1)     # (worker.lifecycle.start_rank does this)
@@ -16,6 +19,8 @@ Example::
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import sys
 import threading
@@ -63,7 +68,30 @@ def connect(address: str, rank: int, wait_s: float = CONFIGURE_WAIT_S) -> bool:
         print(f"nblaunch: rank {rank} runs without JupyterLab's debugger ({type(e).__name__}: {e})", file=sys.stderr)
         return False
     _connected.append(address)
+    _stop_in_panel_on_breakpoint()
     return True
+
+
+def _stop_in_panel_on_breakpoint() -> None:
+    """``breakpoint()`` in this rank stops in the panel on the next line, as in a plain cell of the kernel
+    (where debugpy's hook makes it a stop); the hook it replaces (pdb through the notebook's stdin,
+    ``worker.rank_stdin``) answers it again once the panel is gone (the debugger switched off)."""
+    before = sys.breakpointhook
+
+    def panel_breakpoint(*args, **kwargs):
+        import pydevd
+
+        if os.environ.get("PYTHONBREAKPOINT") or not pydevd._is_attached():  # (a user's own hook is theirs)
+            return before(*args, **kwargs)
+        pydevd.settrace(  # as debugpy.breakpoint(): a stop in the caller's frame, this thread only
+            suspend=True,
+            trace_only_current_thread=True,
+            patch_multiprocessing=False,
+            stop_at_frame=sys._getframe(1),
+            notify_stdin=False,
+        )
+
+    sys.breakpointhook = panel_breakpoint
 
 
 def _configured(wait_s: float) -> bool:
@@ -78,3 +106,28 @@ def _configured(wait_s: float) -> bool:
     finally:
         timer.cancel()
     return pydevd._is_attached()
+
+
+def rich_view(value) -> str:
+    """(evaluated in a stopped frame, for the panel's rich view) ``value``'s mime bundle as this rank's
+    ``display()`` makes it (``worker.rank_display.bundle``), as JSON text: ``{"data": ..., "metadata": ...}``.
+
+    >>> json.loads(rich_view(3))["data"]["text/plain"]
+    '3'
+    """
+    from ..worker.rank_display import bundle
+
+    data, metadata = bundle(value)
+    data = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in data.items()}
+    shown = {"data": data, "metadata": {k: v for k, v in metadata.items() if k in data}}
+    return json.dumps(shown, default=repr)
+
+
+def copied(namespace: dict, name: str, value) -> str:
+    """(evaluated in a stopped frame, for "Copy Variable to Globals") ``value`` set as ``name`` in the frame's
+    globals, as ipykernel does for its own frames; returned pickled (every tensor on CPU, as a result comes
+    back), base64 text, for the notebook's namespace in the kernel."""
+    from ..worker.results import dumps_result, unwrap_for_return
+
+    namespace[name] = value
+    return base64.b64encode(dumps_result(unwrap_for_return(value))).decode()

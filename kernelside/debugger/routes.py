@@ -22,6 +22,7 @@ class Route(enum.Enum):
     THREADS = "threads"  # the kernel's threads, then each rank's, named "rank N"
     INFO = "info"  # the kernel's answer, with the ranks' stopped threads added
     RELEASE = "release"  # every rank released (breakpoints gone, threads running), then the kernel's
+    PAUSE = "pause"  # a rank's thread: that thread; a thread of no rank: every rank's threads, and the kernel's
     BY_THREAD = "threadId"  # whoever's thread the request names
     BY_FRAME = "frameId"
     BY_REFERENCE = "variablesReference"
@@ -38,7 +39,7 @@ ROUTES = {
     "next": Route.BY_THREAD,
     "stepIn": Route.BY_THREAD,
     "stepOut": Route.BY_THREAD,
-    "pause": Route.BY_THREAD,
+    "pause": Route.PAUSE,
     "exceptionInfo": Route.BY_THREAD,
     "scopes": Route.BY_FRAME,
     "evaluate": Route.BY_FRAME,

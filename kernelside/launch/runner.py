@@ -22,6 +22,7 @@ import time
 
 from .. import interrupts
 from ..config import resolve_config
+from ..debugger.kernel_proxy import for_engine as debugger_for_engine
 from ..display.deferred_display import deferred_run_display
 from ..display.output import RankOutputRouter
 from ..display.progress_view import make_run_display, render_mode
@@ -109,6 +110,10 @@ def launch(req: LaunchRequest) -> LaunchOutcome:
         raise LaunchConfigError(
             "--return-from", req.return_rank, f"a rank below the number of processes ({plan.num_processes}) or 'all'"
         )
+    fn, unreached = debugger_for_engine(plan.engine, req.fn)  # (JupyterLab's debugger: this machine's ranks only)
+    if unreached:
+        out.write(unreached + "\n")
+        req = dataclasses.replace(req, fn=fn)
     # the payload's transport: forked ranks inherit the notebook, the others get the names it reads, pickled
     payload = Payload(req.fn, req.args, req.kwargs, req.namespace, req.describe_args)
     blob = payload.pickled() if plan.start_method in ("spawn", "forkserver") else None

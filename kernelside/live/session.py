@@ -28,6 +28,7 @@ import sys
 import threading
 
 from .. import interrupts
+from ..debugger.kernel_proxy import for_engine as debugger_for_engine
 from ..display.progress_view import render_mode
 from ..errors import CellInterrupted, LaunchConfigError, LaunchError, WorkerError
 from ..kernel_shell import call_in_kernel_thread, notebook_namespace
@@ -216,6 +217,11 @@ class LiveSession:
             self._act(Verdict(WorldFate.RESTART, reason), what="the live session was restarted, but its new ranks")
 
     def _request(self, request: LiveRequest):
+        if request.fn is not None:  # (JupyterLab's debugger: this machine's ranks only)
+            fn, unreached = debugger_for_engine(self.plan.engine, request.fn)
+            if unreached:
+                self.out.write(unreached + "\n")
+                request = dataclasses.replace(request, fn=fn)
         try:
             ranks = request.chosen_ranks(self.plan.num_processes)
             req_id = next(self.ids)

@@ -20,6 +20,7 @@ import ast
 import builtins
 import dataclasses
 import linecache
+import re
 import types
 
 from ..debugger import rank_side
@@ -99,6 +100,7 @@ def _named(code: types.CodeType, filename: str) -> types.CodeType:
 # code is the same each time; the oldest goes first past _COMPILED_MAX.
 _COMPILED: dict[tuple, tuple] = {}
 _COMPILED_MAX = 64
+_CALLS_BREAKPOINT = re.compile(r"\bbreakpoint\s*\(")
 
 
 def _cell_error(message: str) -> LaunchConfigError:
@@ -109,11 +111,12 @@ def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_nam
     """Check and compile the cell in the kernel; raise LaunchConfigError for what cannot run."""
     filename = cell_file(cell_label)
     # JupyterLab's debugger on: the file its panel knows the cell by
-    debugged = debugged_cell_file(body, running_cell_text())
+    stops_itself = _CALLS_BREAKPOINT.search(body) is not None  # (it stops in the panel, as a plain cell's)
+    debugged = debugged_cell_file(body, running_cell_text(), stops_itself)
     debugger = ""
     if debugged is not None:
         filename, line_offset = debugged
-        debugger = ranks_debugger_address()
+        debugger = ranks_debugger_address(stops_itself)
     source = "\n" * line_offset + body
     try:
         tree = ast.parse(source, filename)

@@ -158,6 +158,16 @@ def _send(payload: dict) -> None:
 _RANK_LOCAL_MIMES = ("application/vnd.jupyter.widget-view+json",)
 
 
+def bundle(obj) -> tuple[dict, dict]:
+    """``obj``'s mime bundle (data, metadata) as this rank's ``display()`` would make it: the notebook's formatter
+    when forked into rank 0, a fresh one else; what only a kernel could show (a widget view) left out.
+
+    >>> bundle(1)[0]["text/plain"]
+    '1'
+    """
+    return _format(obj, None, None)
+
+
 def _format(obj, include, exclude):
     formatter = _formatter()
     if not RANK_DISPLAY.figures:
