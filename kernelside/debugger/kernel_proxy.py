@@ -147,7 +147,18 @@ async def _ask_rank(message: dict, rank: int, adapters: RankAdapters) -> dict:
     }
     if "message" in answer:
         out["message"] = answer["message"]
+    if command == "variables":
+        _hide_kernel_names(out.get("body") or {})
     return out
+
+
+def _hide_kernel_names(body: dict) -> None:
+    """A rank's variables as the kernel's debugger shows a plain cell's: without the names it hides there
+    (``debugpy``, ``In``, ``Out``, ``_i1``, ...). A forked rank's globals are the notebook's, debugpy (which the
+    kernel's debugger imports into them) included; the kernel's debugger's own rule says what to hide."""
+    accept = getattr(_installed.get("debugger"), "accept_variable", None)
+    if callable(accept) and isinstance(body.get("variables"), list):
+        body["variables"] = [v for v in body["variables"] if accept(str(v.get("name", "")))]
 
 
 async def _pause(message: dict, original, adapters: RankAdapters) -> dict:

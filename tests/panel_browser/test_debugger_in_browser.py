@@ -68,6 +68,9 @@ def test_breakpoint_in_the_gutter_stops_both_ranks_and_the_ranks_section_picks_o
         expect(frames.first).to_contain_text(":4", timeout=30_000)  # the cell's line 4, where it stopped
         expect(_value(page, "rank")).to_have_text(str(rank))  # this rank's own frame and variables
         expect(_value(page, "x")).to_have_text(str(rank * 10))
+        # what the kernel's debugger hides in a plain cell's variables is hidden in a rank's too
+        hidden = page.locator(".jp-DebuggerVariables-name", has_text=re.compile(r"^(debugpy|In|Out)$"))
+        expect(hidden).to_have_count(0)
     snapshot(page, "debugger-ranks.png")
 
     # Continue goes to the chosen rank (rank 1 here): rank 0 stays stopped, and the panel shows it
