@@ -6,7 +6,8 @@
  * two ranks at a breakpoint, the first one's frames are gone from the panel when the second stops. The kernel
  * names each rank's thread "rank N" (kernelside/debugger/routes.py); this section lists the stopped ones and,
  * when one is chosen, makes it the debugger's current thread (its frames, its variables; Continue and the
- * steps go to it). It shows only while a rank is stopped, so plain notebooks never see it.
+ * steps go to it); "Continue all" releases every stopped rank. It shows only while a rank is stopped, so plain
+ * notebooks never see it.
  *
  * Example: rank 0 and rank 1 stop at a breakpoint on line 3; the section reads "2 ranks stopped" with a
  * selector on "rank 1" (the last to stop); choosing "rank 0" shows rank 0's frames and variables.
@@ -32,7 +33,16 @@ export class DebuggerRanks extends Widget {
       'The stopped ranks of a %%distributed cell: choose the one to inspect and step';
     this.addClass('nblaunch-debugger-ranks');
     this._select.addEventListener('change', () => void this.inspect(Number(this._select.value)));
-    this.node.append(this._status, h('label', {}, 'Rank ', this._select));
+    this._all.addEventListener('click', () => void this.continueAll());
+    this.node.append(
+      this._status,
+      h(
+        'div',
+        { class: 'nblaunch-debugger-ranks-row' },
+        h('label', {}, 'Rank ', this._select),
+        this._all
+      )
+    );
     _service.eventMessage.connect((_, event) => void this._onEvent(event));
     _service.sessionChanged.connect(() => {
       this._stopped.clear();
@@ -63,6 +73,21 @@ export class DebuggerRanks extends Widget {
       const reply = await session.sendRequest('stackTrace', { threadId });
       this._service.model.callstack.frames = reply.body.stackFrames;
     }
+  }
+
+  /** Every stopped rank runs on (the panel's Continue releases the rank shown only). */
+  async continueAll(): Promise<void> {
+    const session = this._service.session;
+    if (!session) {
+      return;
+    }
+    const threads = this.stopped;
+    this._stopped.clear();
+    this._current = null;
+    this._service.model.stoppedThreads = new Set();
+    this._service.model.callstack.frames = [];
+    this._render();
+    await Promise.all(threads.map(threadId => session.sendRequest('continue', { threadId })));
   }
 
   /** The debugger's current thread becomes `threadId`: Continue, Next, Step in/out act on it. */
@@ -144,6 +169,15 @@ export class DebuggerRanks extends Widget {
     class: 'nblaunch-debugger-rank',
     'aria-label': 'Rank to inspect'
   });
+  private _all = h(
+    'button',
+    {
+      class: 'jp-Button jp-mod-styled nblaunch-debugger-continue-all',
+      type: 'button',
+      title: "Continue every stopped rank (the panel's Continue releases the rank shown only)"
+    },
+    'Continue all'
+  );
 }
 
 /**

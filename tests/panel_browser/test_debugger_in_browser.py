@@ -1,7 +1,8 @@
 """JupyterLab's own debugger on a %%distributed cell, in a real JupyterLab and Debian's Chromium: the debugger
 switched on from the notebook's toolbar, a breakpoint set by clicking the cell's gutter, both ranks stopping
-there, the sidebar's Ranks section (nblaunch's) choosing which rank the call stack and variables show, and
-Continue releasing the chosen rank, then the other. Screenshots in test-artifacts/."""
+there, the sidebar's Ranks section (nblaunch's) choosing which rank the call stack and variables show,
+Continue releasing the chosen rank only, and the section's Continue all the rest. Screenshots in
+test-artifacts/."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_breakpoint_in_the_gutter_stops_both_ranks_and_the_ranks_section_picks_o
     expect(select.locator("option")).to_have_text(["rank 0"])
     expect(frames.first).to_contain_text(":4")
     expect(_value(page, "x")).to_have_text("0")
-    page.locator('#jp-debugger-sidebar [title^="Continue"]').first.click()
+    ranks.get_by_role("button", name="Continue all").click()  # every rank still stopped: rank 0 here
     expect(ranks).to_be_hidden()
     expect(cell.locator(".jp-InputArea-prompt", has_text="[2]")).to_have_count(1, timeout=60_000)
     expect(cell.locator(".jp-OutputArea")).to_contain_text("rank 0 y 1")
