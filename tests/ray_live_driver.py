@@ -73,6 +73,45 @@ if rank == 0:
 dist.barrier()
 """
 
+PROGRESS_CELL = """%%distributed
+import time
+from kernelside import log_metrics, progress
+for i in progress(range(20), desc="train"):
+    log_metrics(step=i, loss=1 / (i + 1))
+    time.sleep(0.02)
+"""
+
+INPUT_CELL = """%%distributed
+if rank == 0:
+    got = input("name? ")
+    print("rank 0 got", got, flush=True)
+"""
+
+FAIL_CELL = """%%distributed
+if rank == 1:
+    zz = 5
+    raise ValueError("boom on rank 1")
+"""
+
+
+def widgets_of(cell) -> dict:
+    """What a cell's widgets showed: its progress bars, whether a metrics chart came, every HTML text."""
+    models, texts = [], []
+    for kind, content in cell.messages:
+        data = content.get("data", {}) if kind in ("comm_open", "comm_msg") else {}
+        state = data.get("state", {})
+        if kind == "comm_open":
+            models.append(state.get("_model_name", ""))
+        if isinstance(state.get("value"), str):
+            texts.append(state["value"])
+    return {
+        "bars": sum(m in ("FloatProgressModel", "IntProgressModel") for m in models),
+        "chart": any(t.startswith('<div class="nblaunch-chart"') for t in texts),
+        "tabs": "TabModel" in models,
+        "text": "\n".join(texts),
+    }
+
+
 ORDER_CELL = """%%distributed
 for i in range(200):
     print(f"line {i}", flush=(i % 7 == 0))
@@ -161,6 +200,22 @@ def main() -> None:
         out["check3"] = shown(k.run("print(same, checksum)"))
         out["pids_after_interrupt"] = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
         out["order"] = timed(k, ORDER_CELL)
+        out["widgets"] = widgets_of(k.run(PROGRESS_CELL, timeout=120).ok())
+        out["output_all"] = widgets_of(k.run("%%distributed --output all\nprint(f'hello from {rank}')").ok())
+        out["return_all"] = shown(k.run("%%distributed --return-from all --return v\nv = rank * 7\n"))
+        out["v"] = shown(k.run("print(v)"))
+        asked: list = []
+        out["input"] = shown(k.run(INPUT_CELL, timeout=120, on_input=lambda p, _: asked.append(p) or "forty-two"))
+        out["asked"] = asked
+        out["fail"] = shown(k.run(FAIL_CELL, timeout=120))
+        prompts: list = []
+
+        def pdb_answers(prompt, _password):
+            prompts.append(prompt)
+            return "p zz" if len(prompts) == 1 else "q"
+
+        out["debug"] = shown(k.run("%debug", timeout=120, on_input=pdb_answers))
+        out["debug_prompts"] = prompts
         out["x1"] = [timed(k, "%%distributed\nx = 1\n")["s"] for _ in range(5)]
         out["stop"] = timed(k, "%distributed_stop")
         out["stop_left"] = wait_nothing_left(pids, timeout=10)

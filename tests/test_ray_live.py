@@ -99,3 +99,15 @@ def test_stop_and_the_kernels_end_leave_no_actor_placement_group_or_process(show
     assert shown["stop_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
     assert shown["restart"]["error"] is None and len(shown["second_pids"]) == 2
     assert shown["kernel_end_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+
+
+def test_bars_the_chart_rank_tabs_return_from_all_input_and_debug_work_as_on_one_machine(shown):
+    assert shown["widgets"]["bars"] >= 1 and shown["widgets"]["chart"], shown["widgets"]
+    assert shown["output_all"]["tabs"] and "hello from 1" in shown["output_all"]["text"], shown["output_all"]
+    assert shown["return_all"]["error"] is None and shown["v"]["stdout"] == "[0, 7, 14, 21]\n"
+    # input() on rank 0 through the kernel's stdin, answered as JupyterLab answers it
+    assert shown["asked"] == ["name? "] and shown["input"]["stdout"] == "rank 0 got forty-two\n", shown["input"]
+    # %debug after a rank's error on another node: pdb in that rank's frame, through stdin
+    assert shown["fail"]["error"][0] == "WorkerError" and "boom on rank 1" in shown["fail"]["error"][1]
+    assert shown["debug_prompts"][:1] == ["(rank 1) (Pdb) "], shown["debug_prompts"]
+    assert "5\n" in shown["debug"]["stdout"], shown["debug"]  # p zz, in rank 1's frame

@@ -27,20 +27,27 @@ for step in progress(range(400), desc="train"):
 """
 
 
-def test_dashboard_names_the_slow_rank_and_charts_every_rank_with_axes_and_a_hover_readout(
-    lab_server, browser_page, snapshot
-):
-    page = browser_page
+def _run_all(page, lab, name: str, cell: str):
+    """``name`` with ``cell`` after ``%load_ext``, opened at 1280x720 with the launch panel shown, Run All:
+    the panel's entry of the run once it is running."""
     page.set_viewport_size({"width": 1280, "height": 720})
     page.set_default_timeout(60_000)
-    write_notebook(lab_server.root / "slow.ipynb", ["%load_ext kernelside", SLOW_RANK_CELL])
-    page.goto(lab_server.page_url("lab/tree/slow.ipynb"))
+    write_notebook(lab.root / name, ["%load_ext kernelside", cell])
+    page.goto(lab.page_url(f"lab/tree/{name}"))
     page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
     page.locator(".jp-NotebookPanel .jp-Cell").first.click()
     page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
     page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
     run = page.locator(PANEL).locator('.nblaunch-run[data-state="running"]')
     expect(run).to_have_count(1, timeout=150_000)
+    return run
+
+
+def test_dashboard_names_the_slow_rank_and_charts_every_rank_with_axes_and_a_hover_readout(
+    lab_server, browser_page, snapshot
+):
+    page = browser_page
+    run = _run_all(page, lab_server, "slow.ipynb", SLOW_RANK_CELL)
     run.locator(".nblaunch-run-open").click()
     dash = page.locator(".nblaunch-dashboard")
 
@@ -107,16 +114,7 @@ def test_with_gpus_the_dashboard_charts_each_ranks_gpu_utilisation_and_memory(
     env = {"PYTHONPATH": str(Path(__file__).parent / "forged_driver"), "NBLAUNCH_TEST_FORGED_NVML": str(forged)}
     with run_lab(sys.executable, tmp_path, "jupyter-lab-gpu.log", env=env) as lab:
         page = browser_page
-        page.set_viewport_size({"width": 1280, "height": 720})
-        page.set_default_timeout(60_000)
-        write_notebook(lab.root / "gpu.ipynb", ["%load_ext kernelside", GPU_CELL])
-        page.goto(lab.page_url("lab/tree/gpu.ipynb"))
-        page.locator('.jp-SideBar [data-id="nblaunch-panel"]').click()
-        page.locator(".jp-NotebookPanel .jp-Cell").first.click()
-        page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
-        page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-        run = page.locator(PANEL).locator('.nblaunch-run[data-state="running"]')
-        expect(run).to_have_count(1, timeout=150_000)
+        run = _run_all(page, lab, "gpu.ipynb", GPU_CELL)
         states = sorted(Path(lab.root.parent / "tmp").glob("nblaunch-*/run-*/state.json"))
         assert states, list(Path(lab.root.parent / "tmp").rglob("*"))[:20]
         pids = [r["pid"] for r in json.loads(states[-1].read_text())["ranks"]]
