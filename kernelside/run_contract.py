@@ -30,7 +30,9 @@ and lists any other with a note), ``nblaunch`` (the kernelside that wrote it), `
 ``flags`` (that cell's ``%%distributed`` flags), ``kernel_id``, ``kernel_pid``, ``kernel_pid_start``, ``started``
 (wall time), ``updated``, ``updated_monotonic``, ``elapsed_s``, ``state`` (a ``RunState``),
 ``world_size``, ``backend``, ``start_method``, ``root_cause``, ``ranks`` (a list of ``{rank, pid,
-pid_start, state (a RankState), exit, log, gpu}``) and, once ended, ``ended`` and ``report``
+pid_start, state (a RankState), exit, log, gpu}``, and ``node`` for a live world past one machine: the
+rank's node as ``"IP (node id)"``, its ``pid_start`` null when that node is another machine) and, once
+ended, ``ended`` and ``report``
 (``{startup_s, wall_s, exit}``). A live session adds ``session``, ``cells_run``, ``restarts`` and
 ``last_cell``. ``pid_start`` is ``proc_start_time(pid)``: the server samples a pid only when that
 process still has this start time.

@@ -25,6 +25,13 @@ _s = registry.current()
 print(json.dumps([{k: r[k] for k in ("rank", "pid", "node", "local_rank")} for r in _s.status()]))
 """
 
+# the session's entry in the Runs view (its state.json, as the server reads it)
+RUN_ENTRY = """
+import os
+_st = json.load(open(os.path.join(registry.current().log_dir, "state.json")))
+print(json.dumps([{k: r.get(k) for k in ("rank", "pid", "pid_start", "node")} for r in _st["ranks"]]))
+"""
+
 MODEL_CELL = """%%distributed
 import torch, os
 import torch.distributed as dist
@@ -175,6 +182,7 @@ def main() -> None:
         out["start"] = timed(k, "%distributed_start -n 4 --engine ray")
         out["ranks"] = json.loads(k.run(STATUS).ok().stdout)
         out["status"] = shown(k.run("%distributed_status"))
+        out["run_entry"] = json.loads(k.run(RUN_ENTRY).ok().stdout)
         pids = [r["pid"] for r in out["ranks"]]
         out["model"] = timed(k, MODEL_CELL)
         out["checksum"] = timed(k, CHECKSUM_CELL + "\n")

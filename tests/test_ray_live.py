@@ -42,6 +42,12 @@ def test_four_live_ranks_over_two_ray_nodes_ordered_by_node_with_local_ranks_per
     status = shown["status"]["stdout"]
     for r in ranks:  # %distributed_status names each rank's node
         assert f"rank {r['rank']}: pid {r['pid']} on node {r['node']} (local rank {r['local_rank']}), idle" in status
+    # the Runs view's entry: each rank with its node; these nodes share the kernel's machine (127.0.0.1), so
+    # each pid carries its start time and the dashboard samples its CPU and memory
+    entry = {e["rank"]: e for e in shown["run_entry"]}
+    for r in ranks:
+        assert entry[r["rank"]]["node"] == r["node"] and entry[r["rank"]]["pid"] == r["pid"], entry
+        assert entry[r["rank"]]["pid_start"] is not None, entry
 
 
 def test_rank0_output_streams_into_the_cell_in_order_and_no_ray_log_line_reaches_it(shown):

@@ -41,6 +41,8 @@ export interface IChartModel {
 export interface IRankModel {
   rank: number;
   pid: string;
+  /** Where a rank of a world past one machine runs ('10.0.0.2 (6f1c2a9b)'), or '' on this machine. */
+  node: string;
   state: string;
   /** The GPU the rank computes on ('0', 'cuda:1'), or '' without one. */
   device: string;
@@ -68,6 +70,8 @@ export interface IDashboardModel {
   outcome: string;
   /** Whether any rank has a GPU: only then are the GPU columns drawn. */
   gpu: boolean;
+  /** Whether any rank says its node (a Ray world): only then is the node column drawn. */
+  nodes: boolean;
   /** The charts' column titles, in the order every rank's charts come. */
   columns: string[];
   ranks: IRankModel[];
@@ -95,6 +99,7 @@ export function makeDashboardModel(detail: IRunDetail): IDashboardModel {
     return {
       rank: rank.rank,
       pid: rank.pid ? String(rank.pid) : '–',
+      node: rank.node ?? '',
       state: rankStateText(rank),
       device: deviceOf(rank),
       charts: figures.map(f => chartOf(f, rank, times, series?.[f.figure] ?? []))
@@ -129,6 +134,7 @@ export function makeDashboardModel(detail: IRunDetail): IDashboardModel {
     facts,
     outcome: detail.root_cause || detail.note || '',
     gpu,
+    nodes: detail.ranks.some(rank => Boolean(rank.node)),
     columns: figures.map(f => f.label),
     ranks
   };

@@ -16,6 +16,7 @@ import { Widget } from '@lumino/widgets';
 
 import {
   IChartModel,
+  IRankModel,
   IDashboardModel,
   makeDashboardModel,
   SPARK_HEIGHT,
@@ -197,7 +198,15 @@ class DashboardContent extends Widget {
   }
 
   private _drawRanks(model: IDashboardModel): void {
-    const heads = ['rank', 'pid', 'state', ...(model.gpu ? ['GPU'] : []), ...model.columns, ''];
+    const heads = [
+      'rank',
+      'pid',
+      ...(model.nodes ? ['node'] : []),
+      'state',
+      ...(model.gpu ? ['GPU'] : []),
+      ...model.columns,
+      ''
+    ];
     const headKey = heads.join('|');
     if (this._headKey !== headKey) {
       this._headKey = headKey;
@@ -225,10 +234,12 @@ class DashboardContent extends Widget {
     const rows = model.ranks.map(rank => {
       let row = this._rows.get(rank.rank);
       if (!row) {
-        row = new RankRow(rank.charts.length, model.gpu, () => this.showLog(rank.rank));
+        row = new RankRow(rank.charts.length, model.gpu, model.nodes, () =>
+          this.showLog(rank.rank)
+        );
         this._rows.set(rank.rank, row);
       }
-      row.update(rank.rank, rank.pid, rank.state, rank.device, rank.charts);
+      row.update(rank, rank.charts);
       return row.node;
     });
     if (
@@ -263,8 +274,10 @@ class DashboardContent extends Widget {
 class RankRow {
   readonly node: HTMLTableRowElement;
 
-  constructor(charts: number, gpu: boolean, openLog: () => void) {
-    this._texts = Array.from({ length: gpu ? 4 : 3 }, (_, i) =>
+  constructor(charts: number, gpu: boolean, nodes: boolean, openLog: () => void) {
+    this._gpu = gpu;
+    this._nodes = nodes;
+    this._texts = Array.from({ length: 3 + Number(gpu) + Number(nodes) }, (_, i) =>
       h('td', { class: i === 1 ? 'nblaunch-dash-pid' : undefined })
     );
     this._charts = Array.from({ length: charts }, () => new Spark());
@@ -281,15 +294,23 @@ class RankRow {
     );
   }
 
-  update(rank: number, pid: string, state: string, device: string, charts: IChartModel[]): void {
-    this.node.dataset.rank = String(rank);
-    const texts = [String(rank), pid, state, device || '–'];
+  update(rank: IRankModel, charts: IChartModel[]): void {
+    this.node.dataset.rank = String(rank.rank);
+    const texts = [
+      String(rank.rank),
+      rank.pid,
+      ...(this._nodes ? [rank.node || 'this machine'] : []),
+      rank.state,
+      ...(this._gpu ? [rank.device || '–'] : [])
+    ];
     this._texts.forEach((cell, i) => setText(cell, texts[i]));
     charts.forEach((chart, i) => this._charts[i]?.update(chart));
   }
 
   private _texts: HTMLTableCellElement[];
   private _charts: Spark[];
+  private _gpu: boolean;
+  private _nodes: boolean;
 }
 
 /** A figure's current value above its line over the run. */

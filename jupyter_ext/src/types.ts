@@ -142,6 +142,8 @@ export interface IRankInfo {
   exit: string | null;
   log: string | null;
   gpu?: string | null;
+  /** A rank of a world past one machine: its node ('IP (node id)'); its figures come only when it is here. */
+  node?: string | null;
   cpu_percent?: number | null;
   rss_bytes?: number;
   gpu_index?: number;

@@ -133,6 +133,26 @@ describe('makeDashboardModel', () => {
     expect(model.ranks[1].charts.map(c => c.now)).toEqual(['–', '200 MiB', '1.0 GiB', '55%']);
   });
 
+  it("names each rank's node for a world past one machine, and no node column on one machine", () => {
+    expect(makeDashboardModel(detail()).nodes).toBe(false);
+    const ranks = [
+      { ...detail().ranks[0], node: '127.0.0.1 (6f1c2a9b)' },
+      // a rank on another machine: no figures (its pid is not one of the server's machine)
+      {
+        rank: 1,
+        pid: 4242,
+        state: 'idle',
+        exit: null,
+        log: 'rank1.log',
+        node: '10.0.0.7 (93ad01fe)'
+      }
+    ];
+    const model = makeDashboardModel(detail({ ranks, history: undefined }));
+    expect(model.nodes).toBe(true);
+    expect(model.ranks.map(r => r.node)).toEqual(['127.0.0.1 (6f1c2a9b)', '10.0.0.7 (93ad01fe)']);
+    expect(model.ranks[1].charts.map(c => c.now)).toEqual(['–', '–']);
+  });
+
   it('keeps a run without history or a cell readable', () => {
     const model = makeDashboardModel(
       detail({

@@ -82,6 +82,8 @@ class Worker:
     status: ExitStatus | None = None
     reaped: bool = False
     template: object | None = None  # forkserver: the template whose child this is (engines/forkserver.py)
+    node = None  # where it runs, for worlds past one machine (live.ray_channel.RayRank); here: this machine
+    here = True  # on the kernel's machine: its pid is one of this /proc
 
 
 def _pidfd(pid: int) -> int | None:

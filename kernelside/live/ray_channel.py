@@ -68,6 +68,7 @@ class RayRank:
     pipes: RayPipes
     bundle: int = 0  # its bundle in the world's placement group (a replacement goes into the same one)
     status: ExitStatus | None = None
+    here: bool = True  # on the kernel's machine (its node's IP is the kernel's): its pid is one of this /proc
 
     @property
     def pidfd(self) -> int:

@@ -77,6 +77,7 @@ class RayWorld(WorldBase):
         self.store = None
         self.port = None
         self.node_id: str | None = None  # the kernel's own Ray node
+        self.node_ip: str | None = None  # and its IP: ranks on a node with that IP are on the kernel's machine
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> dict:
@@ -86,6 +87,7 @@ class RayWorld(WorldBase):
         cfg = self.plan.ray
         connect(cfg["address"], max(os.cpu_count() or 1, self.plan.num_processes), quiet=True)
         self.node_id = ray.get_runtime_context().get_node_id()
+        self.node_ip = ray.util.get_node_ip_address()
         self.group, self.state, self.broken_because = None, WorldState.STARTING, None
         try:
             self._start(ray, cfg)
@@ -142,6 +144,7 @@ class RayWorld(WorldBase):
                 actor=s.actor,
                 pipes=RayPipes(**{_KERNEL_END[c]: fds[rank][c] for c in CHANNELS}),
                 bundle=s.bundle,
+                here=s.where["ip"] == self.node_ip,
             )
             for rank, s in sorted(slots.items())
         ]
@@ -281,7 +284,7 @@ class RayWorld(WorldBase):
         )
 
     def status(self) -> list[dict]:
-        """Per rank: pid, node, idle/busy, cells run, memory (RSS bytes, for ranks on the kernel's node)."""
+        """Per rank: pid, node, idle/busy, cells run, memory (RSS bytes, for ranks on the kernel's machine)."""
         if not self.up:
             return []
         return [
@@ -292,7 +295,7 @@ class RayWorld(WorldBase):
                 "local_rank": w.local_rank,
                 "state": self.rank_state(w),
                 "cells": self.cells_run[w.rank],
-                "rss": rss_of(w.pid) if w.node_id == self.node_id else None,
+                "rss": rss_of(w.pid) if w.here else None,
             }
             for w in self.group.workers
         ]

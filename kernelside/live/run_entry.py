@@ -290,7 +290,9 @@ class LiveRunEntry(RunTracker):
                 {
                     "rank": wk.rank,
                     "pid": pid,
-                    "pid_start": self.writer.pid_start(pid),
+                    # a rank on another machine: its pid names nothing here, so the server must not sample it
+                    "pid_start": self.writer.pid_start(pid) if wk.here else None,
+                    "node": wk.node,
                     "state": rank_state,
                     "exit": wk.status.describe() if wk.status is not None else None,
                     "log": rank_log_name(wk.rank),
