@@ -10,7 +10,8 @@ user code asks for (``init_process_group(timeout=5s)``) does not lower nblaunch'
 A rank that cannot reach the kernel's debugger says so in one line and runs undebugged.
 
 The panel's rich view of a variable and its "Copy Variable to Globals" are answered in a stopped frame of the
-rank by ``rich_view`` and ``copied`` (``kernel_proxy`` evaluates them there, as ipykernel evaluates its own).
+rank by ``worker.debug_values`` (``kernel_proxy`` evaluates it there, as ipykernel evaluates its own): worker
+code, kept out of this module, which imports only the standard library.
 
 Example::
 
@@ -19,8 +20,6 @@ Example::
 
 from __future__ import annotations
 
-import base64
-import json
 import os
 import sys
 import threading
@@ -106,28 +105,3 @@ def _configured(wait_s: float) -> bool:
     finally:
         timer.cancel()
     return pydevd._is_attached()
-
-
-def rich_view(value) -> str:
-    """(evaluated in a stopped frame, for the panel's rich view) ``value``'s mime bundle as this rank's
-    ``display()`` makes it (``worker.rank_display.bundle``), as JSON text: ``{"data": ..., "metadata": ...}``.
-
-    >>> json.loads(rich_view(3))["data"]["text/plain"]
-    '3'
-    """
-    from ..worker.rank_display import bundle
-
-    data, metadata = bundle(value)
-    data = {k: base64.b64encode(v).decode() if isinstance(v, bytes) else v for k, v in data.items()}
-    shown = {"data": data, "metadata": {k: v for k, v in metadata.items() if k in data}}
-    return json.dumps(shown, default=repr)
-
-
-def copied(namespace: dict, name: str, value) -> str:
-    """(evaluated in a stopped frame, for "Copy Variable to Globals") ``value`` set as ``name`` in the frame's
-    globals, as ipykernel does for its own frames; returned pickled (every tensor on CPU, as a result comes
-    back), base64 text, for the notebook's namespace in the kernel."""
-    from ..worker.results import dumps_result, unwrap_for_return
-
-    namespace[name] = value
-    return base64.b64encode(dumps_result(unwrap_for_return(value))).decode()

@@ -4,8 +4,8 @@ Variable to Globals" (``copyToGlobals``).
 ipykernel answers both for its own frames with one request to its debugger in the stopped frame: the rich
 view evaluates ``get_ipython().display_formatter.format(name)`` there, the copy sets ``globals()[dst] = src``
 (``setExpression``). A rank has no IPython shell and its frame's globals are not the notebook's, so the
-rank's frame evaluates ``rank_side.rich_view(name)`` (its own display formatter) and
-``rank_side.copied(globals(), dst, src)``: the value lands in the frame's globals, as ipykernel's does, and
+rank's frame evaluates ``worker.debug_values.rich_view(name)`` (its own display formatter) and
+``debug_values.copied(globals(), dst, src)``: the value lands in the frame's globals, as ipykernel's does, and
 comes back pickled (tensors on CPU, as a result does) for the notebook's namespace, the kernel's globals.
 
 Example::
@@ -20,7 +20,7 @@ import ast
 import base64
 import json
 
-RANK_SIDE = "__import__('kernelside.debugger.rank_side', fromlist=['rank_side'])"
+RANK_SIDE = "__import__('kernelside.worker.debug_values', fromlist=['debug_values'])"
 NOTHING = {"data": {}, "metadata": {}}
 
 
