@@ -58,3 +58,24 @@ def test_a_deep_stack_is_cut_at_faulthandlers_depth():
     lines = text.splitlines()
     assert sum(1 for line in lines if line.startswith('  File "')) == MAX_DEPTH
     assert lines[-2] == "  ..." and lines[-1] == ""
+
+
+def test_a_rank_with_no_frame_of_the_users_is_said_in_words_never_by_nblaunchs_file_paths():
+    import os
+
+    import kernelside
+
+    worker = os.path.join(os.path.dirname(kernelside.__file__), "worker")
+
+    def text(*frames):  # faulthandler's text, innermost first, for a main thread 0x1
+        lines = ["Thread 0x0000000000000001 (most recent call first):"]
+        lines += [f'  File "{path}", line {line} in {fn}' for path, line, fn in frames]
+        return "\n".join(lines) + "\n"
+
+    lifecycle = (os.path.join(worker, "lifecycle.py"), 90, "run_work")
+    posting = text((os.path.join(worker, "sharded_results.py"), 231, "_post"), lifecycle)
+    assert parse_dump(posting, "0x0000000000000001")["where"] == "after the cell's code, sending its result"
+    other = text((os.path.join(worker, "live_rank.py"), 12, "_serve"), lifecycle)
+    assert parse_dump(other, "0x0000000000000001")["where"] == "in nblaunch, outside the cell's code"
+    importing = text(("/usr/lib/python3/dist-packages/torch/__init__.py", 5, "<module>"), lifecycle)
+    assert parse_dump(importing, "0x0000000000000001")["where"].startswith("/usr/lib/python3/dist-packages/torch")

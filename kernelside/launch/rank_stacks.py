@@ -44,6 +44,8 @@ _FRAME = re.compile(r'^\s+File "(.*)", line (\d+|\?\?\?) in (.*)$')
 _HEAD = re.compile(r"^" + re.escape(HEADER) + r"([0-9a-f]{1,16}) answer=([0-9]{1,18})$")
 _C10D = os.sep + os.path.join("torch", "distributed", "distributed_c10d.py")
 _LIFECYCLE = os.sep + os.path.join("kernelside", "worker", "lifecycle.py")
+# a rank in these is returning the cell's result
+_RESULT_FILES = tuple(os.sep + os.path.join("kernelside", "worker", f) for f in ("results.py", "sharded_results.py"))
 
 
 @dataclasses.dataclass
@@ -198,7 +200,7 @@ def parse_dump(text: str, main: str, label=None) -> dict:
     frames = _from_user_code(list(reversed(threads.pop(main, [])[:MAX_FRAMES])))
     collective = next((f["function"] for f in reversed(frames) if _is_collective(f)), None)
     user = [f for f in frames if f["user"]]
-    where = user[-1]["where"] if user else (frames[-1]["where"] if frames else None)
+    where = user[-1]["where"] if user else _outside_user_code(frames)
     others = [{"thread": t, "frames": list(reversed(fs[:MAX_FRAMES]))} for t, fs in threads.items() if fs is not None]
     source = detail.get("source") if isinstance(detail.get("source"), str) else ""
     calling = detail.get("calling") if isinstance(detail.get("calling"), str) and not collective else None
@@ -258,6 +260,18 @@ def _from_user_code(frames: list[dict]) -> list[dict]:
     while len(rest) > 1 and is_nblaunch_file(rest[0]["file"]):  # the cell's runner (notebook/cell.py)
         rest = rest[1:]
     return rest
+
+
+def _outside_user_code(frames: list[dict]) -> str | None:
+    """Where a rank is when no frame of its stack is the user's: in a library (torch importing, say), that frame;
+    in nblaunch's own code, what it is doing in words, never one of its file paths."""
+    if not frames:
+        return None
+    if not is_nblaunch_file(frames[-1]["file"]):
+        return frames[-1]["where"]
+    if any(f["file"].endswith(_RESULT_FILES) for f in frames):
+        return "after the cell's code, sending its result"
+    return "in nblaunch, outside the cell's code"
 
 
 def _is_collective(frame: dict) -> bool:
