@@ -18,7 +18,7 @@ from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import magic_arguments, parse_argstring
 
 from .. import interrupts
-from ..errors import LaunchConfigError
+from ..errors import CellInterrupted, LaunchConfigError
 from ..live import registry as live
 from .magic_flags import launch_flags, settings
 
@@ -32,12 +32,32 @@ def _require():
     return s
 
 
+# what deferred() raises when ■ came once the session was up: the start is undone (_stop_what_came_up)
+_CAME_UP = "the live session came up as ■ was pressed"
+
+
+@interrupts.deferring(interrupts.SESSION_NOT_STARTED, _CAME_UP)
+def _start_session(args):
+    from ..live.session import LiveSession  # the session machinery, loaded when a session starts
+
+    return LiveSession.start(settings(args), config=args.config)
+
+
+def _stop_what_came_up() -> None:
+    """■ was pressed while the session started and the ranks came up before it took effect: stop them again
+    (further presses cannot cut that short), so that a ■ during a start always leaves no session."""
+    with interrupts.deferred(interrupts.SESSION_NOT_STARTED, interrupts.SESSION_NOT_STARTED):
+        s = live.current()
+        if s is not None:
+            s.stop()
+    raise CellInterrupted(interrupts.SESSION_NOT_STARTED) from None
+
+
 @magics_class
 class LiveMagics(Magics):
     @magic_arguments()
     @launch_flags
     @line_magic
-    @interrupts.deferring(interrupts.SESSION_NOT_STARTED)
     def distributed_start(self, line):
         """Start live ranks that stay up across cells; returns when every rank is ready.
 
@@ -45,11 +65,13 @@ class LiveMagics(Magics):
         their names from cell to cell. ``%distributed_status``, ``%distributed_push NAMES``,
         ``%distributed_restart`` and ``%distributed_stop`` manage it.
         """
-        args = parse_argstring(self.distributed_start, line)
         t0 = time.monotonic()
-        from ..live.session import LiveSession  # the session machinery, loaded when a session starts
-
-        s = LiveSession.start(settings(args), config=args.config)
+        try:
+            s = _start_session(parse_argstring(self.distributed_start, line))
+        except CellInterrupted as e:
+            if e.args[:1] != (_CAME_UP,):
+                raise
+            _stop_what_came_up()  # ■ as the ranks came up still means "do not start"
         print(f"nblaunch: live session up in {time.monotonic() - t0:.2f}s: {s.describe()}")
 
     @line_magic
