@@ -36,7 +36,6 @@ def _require():
 _CAME_UP = "the live session came up as ■ was pressed"
 
 
-@interrupts.deferring(interrupts.SESSION_NOT_STARTED, _CAME_UP)
 def _start_session(args):
     from ..live.session import LiveSession  # the session machinery, loaded when a session starts
 
@@ -67,12 +66,13 @@ class LiveMagics(Magics):
         """
         t0 = time.monotonic()
         try:
-            s = _start_session(parse_argstring(self.distributed_start, line))
+            with interrupts.deferred(interrupts.SESSION_NOT_STARTED, _CAME_UP):  # the line below included
+                s = _start_session(parse_argstring(self.distributed_start, line))
+                print(f"nblaunch: live session up in {time.monotonic() - t0:.2f}s: {s.describe()}")
         except CellInterrupted as e:
             if e.args[:1] != (_CAME_UP,):
                 raise
             _stop_what_came_up()  # ■ as the ranks came up still means "do not start"
-        print(f"nblaunch: live session up in {time.monotonic() - t0:.2f}s: {s.describe()}")
 
     @line_magic
     @interrupts.deferring(interrupts.SESSION_STOPPED, interrupts.SESSION_STOPPED)
