@@ -14,6 +14,7 @@ from ■ to the cell's end is ``bench/interrupt.py``'s.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -88,12 +89,47 @@ while not os.path.exists(os.path.join(os.path.dirname(__file__), "never")) and t
     time.sleep(0.01)
 """
 
+# A start that lasts whatever the machine's speed: while the flag file is there, a process forked by the kernel (fork)
+# or by the forkserver's template (which imports this through sitecustomize, from the PYTHONPATH the kernel gives it)
+# sleeps in an at-fork hook, as a library's slow hook would, before it becomes a rank. Without it a fast start (70 ms
+# for 2 forked ranks) can be over before the first ■ of a "while they start" case lands, and the case then tests
+# ipykernel's handling of a ■ after the cell, not nblaunch's.
+SLOW_FORK = """import os, time
+FLAG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slow-forks")
+def _slow_fork():
+    if os.path.exists(FLAG):
+        time.sleep(1.0)
+os.register_at_fork(after_in_child=_slow_fork)
+"""
+
 
 @pytest.fixture(scope="module")
-def kernel(kernel_with, tmp_path_factory):
-    modules = tmp_path_factory.mktemp("modules")
-    (modules / "nblaunch_slow_import.py").write_text(SLOW_IMPORT)
-    k = kernel_with(f"import sys\nsys.path.insert(0, {str(modules)!r})\n" + SETUP, load_ext=False, timeout=120)
+def modules(tmp_path_factory):
+    path = tmp_path_factory.mktemp("modules")
+    (path / "nblaunch_slow_import.py").write_text(SLOW_IMPORT)
+    (path / "nblaunch_slow_fork.py").write_text(SLOW_FORK)
+    (path / "sitecustomize.py").write_text("import nblaunch_slow_fork  # noqa: F401\n")
+    return path
+
+
+@contextlib.contextmanager
+def slow_forks(modules):
+    """Every rank forked meanwhile takes a second before it starts (``SLOW_FORK``)."""
+    flag = modules / "slow-forks"
+    flag.touch()
+    try:
+        yield
+    finally:
+        flag.unlink()
+
+
+@pytest.fixture(scope="module")
+def kernel(kernel_with, modules):
+    path_setup = (
+        f"import os, sys\nsys.path.insert(0, {str(modules)!r})\nimport nblaunch_slow_fork\n"
+        f"os.environ['PYTHONPATH'] = os.pathsep.join([{str(modules)!r}, os.environ.get('PYTHONPATH', '')])\n"
+    )
+    k = kernel_with(path_setup + SETUP, load_ext=False, timeout=120)
     for method in METHODS:  # the first launch of each method starts what later ones reuse (the forkserver template)
         assert k.run(f"print({_launch(method)})").ok().stdout == "1\n"
     return k
@@ -119,9 +155,12 @@ def test_interrupt_before_the_ranks_exist_ends_the_cell_short_and_leaves_nothing
 
 @pytest.mark.parametrize("moment", list(ONE_SHOT))
 @pytest.mark.parametrize(("method", "presses"), RUNS)
-def test_interrupt_at_any_moment_of_a_launch_ends_the_cell_short_and_leaves_nothing(kernel, moment, method, presses):
+def test_interrupt_at_any_moment_of_a_launch_ends_the_cell_short_and_leaves_nothing(
+    kernel, modules, moment, method, presses
+):
     fn, mark, at_s = ONE_SHOT[moment]
-    cell, ended_s = storm(kernel, _launch(method, fn), at_s=at_s, presses=PRESSES[presses], trigger=mark)
+    with slow_forks(modules) if moment == "starting" else contextlib.nullcontext():
+        cell, ended_s = storm(kernel, _launch(method, fn), at_s=at_s, presses=PRESSES[presses], trigger=mark)
     assert_short_interrupt_and_nothing_left(kernel, cell, ended_s)
     assert kernel.run(f"print({_launch(method)})").ok().stdout == "1\n"
 
@@ -135,9 +174,10 @@ def _stop(kernel):
 
 
 @pytest.mark.parametrize(("method", "presses"), RUNS)
-def test_interrupt_during_a_live_start_ends_the_cell_short_and_the_next_start_works(kernel, method, presses):
+def test_interrupt_during_a_live_start_ends_the_cell_short_and_the_next_start_works(kernel, modules, method, presses):
     code = f"%distributed_start -n 2 --start-method {method}"
-    cell, ended_s = storm(kernel, code, at_s=0.0, presses=PRESSES[presses], trigger=shown_widget)
+    with slow_forks(modules):
+        cell, ended_s = storm(kernel, code, at_s=0.0, presses=PRESSES[presses], trigger=shown_widget)
     assert_short_interrupt_and_nothing_left(kernel, cell, ended_s)
     assert "the live session was not started" in shown(cell)
     _start(kernel, method)

@@ -15,16 +15,8 @@ from __future__ import annotations
 
 from . import rank_identity, tqdm_holders
 
-ENABLED = False  # see look()
-
 
 def look() -> None:
-    """Make the walks each forked rank would otherwise make of every loaded module.
-
-    Switched off for now (``ENABLED``): with the walks made in the kernel, a ■ storm during
-    ``%distributed_start`` left a started session's ranks running (tests/test_interrupt_storms.py, every run of a
-    fresh clone; 60 of 60 passed twice with them off). Each rank makes its own walks, as before."""
-    if not ENABLED:
-        return
+    """Make the walks each forked rank would otherwise make of every loaded module."""
     tqdm_holders.prime()
     rank_identity.prime()
