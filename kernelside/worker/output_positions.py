@@ -105,16 +105,17 @@ def _flush() -> None:
             s.flush()
         except Exception:
             pass
-    libc = _libc()
-    if libc is not None:
-        libc.fflush(None)  # printf from C extensions
+    c = libc()
+    if c is not None:
+        c.fflush(None)  # printf from C extensions
 
 
-@functools.cache  # loaded once per process: the C library does not change
-def _libc():
+@functools.cache  # loaded once per process (a parent's handle serves its forked ranks): the C library stays
+def libc():
+    """The C library already loaded in this process (``ctypes``), or None where it cannot be opened."""
     import ctypes
 
     try:
-        return ctypes.CDLL(None)
+        return ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None

@@ -7,18 +7,11 @@ Example::
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 
 from . import output_positions, rank_display, rank_identity
-
-
-def libc():
-    try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
+from .output_positions import libc
 
 
 def fresh_std_streams() -> None:
