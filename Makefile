@@ -100,7 +100,7 @@ lint: venv
 	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench notebooks buildhooks
 
 test: venv frontend frontend-test lint
-	$(PY) -m pytest tests
+	$(PY) -m pytest tests --durations=30
 
 # The marks are set from the fixtures each test asks for (tests/conftest.py); `make test` runs every layer.
 FAST_LAYER := not processes and not server
