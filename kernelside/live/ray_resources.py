@@ -39,8 +39,8 @@ _TMP = ".resources.jsonl.tmp"
 class RankReports:
     """The ``resources`` connections of the ranks on other machines; see the module docstring."""
 
-    def __init__(self, run_dir: str, max_bytes: int = RESOURCES_MAX_BYTES):
-        self.run_dir, self.max_bytes = run_dir, max_bytes
+    def __init__(self, run_dir: str, max_bytes: int = RESOURCES_MAX_BYTES, every: float = RESOURCES_EVERY_S):
+        self.run_dir, self.max_bytes, self.every = run_dir, max_bytes, every
         self.written = 0
         self._lock = threading.Lock()
         self._adds: list[tuple[int, int, int]] = []  # (rank, pid, fd) for the thread to take up
@@ -83,7 +83,7 @@ class RankReports:
         sel = selectors.DefaultSelector()
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         conns: dict[int, list] = {}  # fd -> [rank, pid, partial line]
-        next_write = time.monotonic() + RESOURCES_EVERY_S
+        next_write = time.monotonic() + self.every
         try:
             while not self._closed:
                 for key, _ in sel.select(max(0.0, next_write - time.monotonic())):
@@ -92,7 +92,7 @@ class RankReports:
                     else:
                         self._read(sel, conns, key.fd)
                 if time.monotonic() >= next_write:
-                    next_write = time.monotonic() + RESOURCES_EVERY_S
+                    next_write = time.monotonic() + self.every
                     self._flush()
         finally:
             for fd in list(conns):

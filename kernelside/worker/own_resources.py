@@ -70,12 +70,15 @@ def report_own_resources(fd: int, *, gpu: bool, every: float = RESOURCES_EVERY_S
 
 
 def _report(fd: int, own: OwnResources, every: float) -> None:
-    while True:
-        line = (json.dumps(own.sample()) + "\n").encode()
-        try:
-            os.write(fd, line)  # (a few dozen bytes: all of it or, on a full buffer, nothing)
-        except BlockingIOError:
-            pass
-        except OSError:
-            return  # the kernel's end: the rank ends with it anyway
-        time.sleep(every)
+    try:
+        while True:
+            line = (json.dumps(own.sample()) + "\n").encode()
+            try:
+                os.write(fd, line)  # (a few dozen bytes: all of it or, on a full buffer, nothing)
+            except BlockingIOError:
+                pass
+            except OSError:
+                return  # the kernel's end: the rank ends with it anyway
+            time.sleep(every)
+    finally:
+        os.close(fd)
