@@ -166,6 +166,7 @@ def dashboard_steps(k) -> dict:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     out["status_after"] = json.loads(k.run(STATUS).ok().stdout)
+    out["status_text"] = k.run("%distributed_status").ok().stdout  # each rank's RSS, as the rank said it
     kept = k.run("%%distributed --return-from all --return h\nh = held")
     out["kept"] = k.run("print(h)").ok().stdout.strip() if kept.error is None else str(kept.error)
     with open(os.path.join(log_dir, "resources.jsonl")) as fh:

@@ -46,6 +46,7 @@ class RankReports:
         self._adds: list[tuple[int, int, int]] = []  # (rank, pid, fd) for the thread to take up
         self._forgets: list[int] = []
         self._latest: dict[int, dict] = {}  # rank -> its latest line, not written yet
+        self._rss: dict[int, int] = {}  # rank -> its latest RSS (``%distributed_status``), read by the main thread
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._closed = False
         self._thread = undebugged(threading.Thread(target=self._run, name="nblaunch-rank-reports", daemon=True))
@@ -62,6 +63,10 @@ class RankReports:
         with self._lock:
             self._forgets.append(rank)
         self._wake()
+
+    def rss(self, rank: int) -> int | None:
+        """Rank ``rank``'s memory (RSS bytes) as it last said, or None."""
+        return self._rss.get(rank)
 
     def close(self) -> None:
         """The world ends: the thread stops and every connection it held is closed."""
@@ -119,6 +124,7 @@ class RankReports:
     def _drop(self, sel, conns: dict, fd: int) -> None:
         rank = conns.pop(fd)[0]
         self._latest.pop(rank, None)
+        self._rss.pop(rank, None)
         sel.unregister(fd)
         close_quietly(fd)
 
@@ -143,13 +149,10 @@ class RankReports:
                 continue
             if isinstance(said, dict):
                 figures = {k: said[k] for k in FIGURES if isinstance(said.get(k), (int, float))}
-                self._latest[entry[0]] = {
-                    "kind": "resources",
-                    "rank": entry[0],
-                    "pid": entry[1],
-                    "wall": now,
-                    **figures,
-                }
+                rank, pid = entry[0], entry[1]
+                self._latest[rank] = {"kind": "resources", "rank": rank, "pid": pid, "wall": now, **figures}
+                if isinstance(figures.get("rss_bytes"), int):
+                    self._rss[rank] = figures["rss_bytes"]
 
     def _flush(self) -> None:
         if not self._latest:

@@ -310,7 +310,7 @@ class RayWorld(WorldBase):
         )
 
     def status(self) -> list[dict]:
-        """Per rank: pid, node, idle/busy, cells run, memory (RSS bytes, for ranks on the kernel's machine)."""
+        """Per rank: pid, node, idle/busy, cells run, memory (RSS bytes: a rank on another machine's, as it said)."""
         if not self.up:
             return []
         return [
@@ -321,7 +321,7 @@ class RayWorld(WorldBase):
                 "local_rank": w.local_rank,
                 "state": self.rank_state(w),
                 "cells": self.cells_run[w.rank],
-                "rss": rss_of(w.pid) if w.here else None,
+                "rss": rss_of(w.pid) if w.here else self.reports.rss(w.rank),
             }
             for w in self.group.workers
         ]
