@@ -43,7 +43,11 @@ from ..launch.run_tracker import RunTracker
 from ..run_contract import FINAL_RUN_STATES, RunState, rank_log_name, stop_place_words
 from ..short_traceback import error_line
 
-ENGINE = "local (live)"
+
+
+def engine_words(engine: str) -> str:
+    """How a live session's entry names its engine: 'local (live)', 'ray (live)'."""
+    return f"{engine} (live)"
 
 
 def panel_stopped(place: str | None = None) -> str:
@@ -86,7 +90,8 @@ class LiveRunEntry(RunTracker):
             self.channel = None
         if self.channel is not None:
             self.channel.stopping_message = STOP_REPLY
-        super().__init__(RunStateWriter(session.log_dir, engine=ENGINE, has_control=self.channel is not None), None)
+        engine = engine_words(session.plan.engine)
+        super().__init__(RunStateWriter(session.log_dir, engine=engine, has_control=self.channel is not None), None)
         self.write_lock = threading.Lock()  # the daemon thread and the main thread both write
         self.stop_asked = threading.Event()  # Stop between cells: the session ends
         self.cell_stop = threading.Event()  # Stop during a cell: that cell stops, every rank keeps its state
