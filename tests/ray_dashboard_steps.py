@@ -72,8 +72,9 @@ def _figures_of_every_rank(lab, run_id: str, timeout: float = 60.0) -> dict:
     return detail
 
 
-def _screenshot(lab, run_id: str, tmp: Path) -> str:
-    """The dashboard of the run in Chromium, once its ranks' charts have samples; what went wrong, or ''."""
+def _screenshot(lab, run_id: str, tmp: Path, seen: dict) -> str:
+    """The dashboard of the run in Chromium, once its ranks' charts have samples (``seen["node_titles"]``: what
+    each rank's node cell says when hovered); what went wrong, or ''."""
     if not Path(CHROMIUM).exists():
         return f"{CHROMIUM} is missing"
     from playwright.sync_api import expect, sync_playwright
@@ -100,6 +101,7 @@ def _screenshot(lab, run_id: str, tmp: Path) -> str:
             for rank in range(2):  # each remote rank's CPU and memory sparklines have their samples
                 spark = rows.nth(rank).locator('.nblaunch-spark[data-figure="rss_bytes"]')
                 expect(spark).to_have_attribute("data-samples", _at_least(3), timeout=60_000)
+            seen["node_titles"] = [rows.nth(r).locator("td").nth(2).get_attribute("title") for r in range(2)]
             time.sleep(2)  # (a picture for people: two more samples on the charts)
             ARTIFACTS.mkdir(exist_ok=True)
             page.screenshot(path=str(ARTIFACTS / SCREENSHOT), timeout=15_000)
@@ -149,7 +151,7 @@ def dashboard_steps(k) -> dict:
                 if "waiting" not in content.get("text", "") or seen:
                     return
                 seen["detail"] = _figures_of_every_rank(lab, run_id)
-                seen["screenshot_problem"] = _screenshot(lab, run_id, tmp)
+                seen["screenshot_problem"] = _screenshot(lab, run_id, tmp, seen)
                 seen["t"] = time.monotonic()
                 seen["stop"] = _call(lab, f"{run_id}/stop", {"from": "dashboard"})
 

@@ -151,3 +151,5 @@ def test_the_dashboards_stop_through_the_route_stops_a_busy_ray_cell_and_every_r
     assert [(r["pid"], r["state"]) for r in dash["status_after"]] == [(p, "idle") for p in shown["second_pids"]]
     assert dash["kept"] == "[7, 8]"  # the same actors, with what the cell before left
     assert dash["screenshot_problem"] == "", dash["screenshot_problem"]  # test-artifacts/ray-live-dashboard.png
+    # the dashboard's node cell says where a rank's figures come from (here: the ranks' own reports)
+    assert all("reports its own CPU and memory" in (t or "") for t in dash["node_titles"]), dash["node_titles"]
