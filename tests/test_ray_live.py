@@ -126,6 +126,7 @@ def test_ranks_on_other_machines_report_their_own_cpu_and_memory_to_the_dashboar
     assert [r["pid"] for r in entry] == shown["second_pids"] and all(r["node"] for r in entry), entry
     assert all(r["pid_start"] is None for r in entry)  # no pid of this /proc: the server cannot sample them
     assert dash["entry"]["engine"] == "ray (live)" and dash["detail"]["engine"] == "ray (live)"
+    assert dash["detail"]["start_method"] == "Ray actors"
     ranks = dash["detail"]["ranks"]  # the server route's answer while both ranks were busy
     for r in ranks:
         assert r["rss_bytes"] > 64 << 20 and r["cpu_percent"] > 5, r  # the cell's 64 MiB and its loop

@@ -262,7 +262,8 @@ class LiveRunEntry(RunTracker):
             session=True,
             world_size=s.plan.num_processes,
             backend=s.plan.backend,
-            start_method=s.plan.start_method,
+            # (a Ray world's ranks are the actors' own processes: no start method of ours)
+            start_method=s.plan.start_method if s.plan.engine != "ray" else "Ray actors",
             cells_run=self.cells,
             restarts=s.restarts,
             last_cell=self.last_cell,
