@@ -44,7 +44,6 @@ from ..run_contract import FINAL_RUN_STATES, RunState, rank_log_name, stop_place
 from ..short_traceback import error_line
 
 
-
 def engine_words(engine: str) -> str:
     """How a live session's entry names its engine: 'local (live)', 'ray (live)'."""
     return f"{engine} (live)"
