@@ -43,8 +43,7 @@ class RankReports:
         self.run_dir, self.max_bytes, self.every = run_dir, max_bytes, every
         self.written = 0
         self._lock = threading.Lock()
-        self._adds: list[tuple[int, int, int]] = []  # (rank, pid, fd) for the thread to take up
-        self._forgets: list[int] = []
+        self._asked: list[tuple] = []  # ("add", rank, pid, fd) and ("forget", rank), in order, for the thread
         self._latest: dict[int, dict] = {}  # rank -> its latest line, not written yet
         self._rss: dict[int, int] = {}  # rank -> its latest RSS (``%distributed_status``), read by the main thread
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
@@ -55,13 +54,13 @@ class RankReports:
     def add(self, rank: int, pid: int, fd: int) -> None:
         """Read rank ``rank``'s (process ``pid``) ``resources`` connection ``fd`` from now on; the thread owns it."""
         with self._lock:
-            self._adds.append((rank, pid, fd))
+            self._asked.append(("add", rank, pid, fd))
         self._wake()
 
     def forget(self, rank: int) -> None:
         """Rank ``rank`` was lost: its connection is closed (a replacement comes with its own)."""
         with self._lock:
-            self._forgets.append(rank)
+            self._asked.append(("forget", rank))
         self._wake()
 
     def rss(self, rank: int) -> int | None:
@@ -111,15 +110,16 @@ class RankReports:
         except OSError:
             pass
         with self._lock:
-            adds, self._adds = self._adds, []
-            forgets, self._forgets = self._forgets, []
-        for fd, (rank, *_rest) in list(conns.items()):
-            if rank in forgets:
-                self._drop(sel, conns, fd)
-        for rank, pid, fd in adds:
-            os.set_blocking(fd, False)
-            conns[fd] = [rank, pid, b""]
-            sel.register(fd, selectors.EVENT_READ, "rank")
+            asked, self._asked = self._asked, []
+        for what, rank, *more in asked:
+            if what == "forget":
+                for fd in [fd for fd, entry in conns.items() if entry[0] == rank]:
+                    self._drop(sel, conns, fd)
+            else:
+                pid, fd = more
+                os.set_blocking(fd, False)
+                conns[fd] = [rank, pid, b""]
+                sel.register(fd, selectors.EVENT_READ, "rank")
 
     def _drop(self, sel, conns: dict, fd: int) -> None:
         rank = conns.pop(fd)[0]
