@@ -137,6 +137,7 @@ def dashboard_steps(k) -> dict:
     """Run the busy cell on the kernel's live session (2 ranks on other machines), look at its dashboard and
     press its Stop through the route; then the ranks' state and pids."""
     out: dict = {}
+    began = time.monotonic()
     log_dir = k.run("print(registry.current().log_dir)").ok().stdout.strip()
     run_id = os.path.basename(log_dir)
     out["entry"] = json.loads(k.run(f"print(open({os.path.join(log_dir, 'state.json')!r}).read())").ok().stdout)
@@ -173,4 +174,5 @@ def dashboard_steps(k) -> dict:
     out["kept"] = k.run("print(h)").ok().stdout.strip() if kept.error is None else str(kept.error)
     with open(os.path.join(log_dir, "resources.jsonl")) as fh:
         out["resources_lines"] = [json.loads(line) for line in fh.read().splitlines()[-20:]]
+    out["s"] = time.monotonic() - began  # what these steps add to the module (a lab, Chromium, the cells)
     return out

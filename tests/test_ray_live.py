@@ -151,6 +151,7 @@ def test_the_dashboards_stop_through_the_route_stops_a_busy_ray_cell_and_every_r
     assert dash["after"]["state"] == "idle" and dash["after"]["can_stop"], dash["after"]
     assert [(r["pid"], r["state"]) for r in dash["status_after"]] == [(p, "idle") for p in shown["second_pids"]]
     assert dash["kept"] == "[7, 8]"  # the same actors, with what the cell before left
+    print(f"dashboard steps: {dash['s']:.1f}s, Stop to the cell's end {dash['returned_after_stop_s']:.2f}s")
     assert dash["screenshot_problem"] == "", dash["screenshot_problem"]  # test-artifacts/ray-live-dashboard.png
     # the dashboard's node cell says where a rank's figures come from (here: the ranks' own reports)
     assert all("reports its own CPU and memory" in (t or "") for t in dash["node_titles"]), dash["node_titles"]
