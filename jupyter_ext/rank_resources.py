@@ -8,6 +8,12 @@ process with that pid must have the start time (``/proc/<pid>/stat`` field 22) t
 recorded when it started the rank. A reused pid, or a pid a forged state file names, has
 another start time (or none) and gets no figures. Nothing here ever signals a process.
 
+A rank of a live world on another machine (a Ray node elsewhere: its ``node`` is set, its ``pid_start`` null)
+has no process here to read; it reports its own figures, which its kernel appends to the run folder's
+``resources.jsonl`` (``run_contract.RESOURCES_FILE``). ``reported_figures`` takes each such rank's latest
+line from there: only one of that rank's pid, and only while it is recent (``RESOURCES_FRESH_S`` by this
+machine's clock, which the kernel wrote it by).
+
 Example::
 
     >>> sampler = RankSampler()
@@ -17,12 +23,21 @@ Example::
 
 from __future__ import annotations
 
+import json
+
 import psutil
 
 from kernelside.nvml_devices import NvmlSampler
-from kernelside.run_contract import proc_start_time  # the kernel's reading, the same one
+from kernelside.run_contract import (
+    RESOURCES_FILE,
+    RESOURCES_FRESH_S,
+    proc_start_time,  # the kernel's reading, the same one
+)
 
-__all__ = ["RankSampler", "is_that_process", "proc_start_time"]
+from .run_files import RunDir, RunFileError
+
+__all__ = ["RankSampler", "is_that_process", "proc_start_time", "reported_figures"]
+REPORTED = ("cpu_percent", "rss_bytes", "gpu_index", "gpu_memory_bytes", "gpu_util_percent")
 
 
 def is_that_process(pid, recorded_start) -> bool:
@@ -72,3 +87,29 @@ class RankSampler:
         """Drop the samplers of ranks that have ended (their pid no longer has the recorded start time)."""
         for key in [k for k in self._procs if not is_that_process(*k)]:
             del self._procs[key]
+
+
+def reported_figures(d: RunDir, ranks: list[dict], now: float) -> dict[int, dict]:
+    """``{rank: figures}`` from the run's ``resources.jsonl`` for those of ``ranks`` that are on another
+    machine: each one's latest line, if it names the rank's pid and came within ``RESOURCES_FRESH_S`` of ``now``."""
+    away = {r["rank"]: r.get("pid") for r in ranks if r.get("node") and r.get("pid_start") is None}
+    if not away:
+        return {}
+    try:
+        text = d.read_log(RESOURCES_FILE, tail=2 * len(ranks) + 2)["text"]
+    except RunFileError:
+        return {}  # none yet (a rank reports after its first second), or not a plain file of ours
+    found: dict[int, dict] = {}
+    for line in text.splitlines():
+        try:
+            said = json.loads(line)
+        except (ValueError, RecursionError):
+            continue
+        if not isinstance(said, dict) or said.get("kind") != "resources":
+            continue
+        rank, wall = said.get("rank"), said.get("wall")
+        if rank not in away or said.get("pid") != away[rank] or not isinstance(wall, (int, float)):
+            continue
+        if abs(now - wall) <= RESOURCES_FRESH_S:
+            found[rank] = {k: said[k] for k in REPORTED if isinstance(said.get(k), (int, float))}
+    return found

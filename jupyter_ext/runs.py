@@ -44,7 +44,7 @@ from kernelside.run_contract import (
 
 from .errors import PanelRequestError
 from .rank_history import RankHistory
-from .rank_resources import RankSampler
+from .rank_resources import RankSampler, reported_figures
 from .run_curves import RunCurves
 from .run_files import RunDir, RunFileError, private_base_problem
 from .version_check import kernel_version_note, run_format_note
@@ -119,17 +119,22 @@ class RunFolders:
         return runs
 
     def run(self, run_id) -> dict:
-        """One run with its ranks; live ranks proven to be this run's carry cpu_percent, rss_bytes (and GPU use).
+        """One run with its ranks; live ranks proven to be this run's carry cpu_percent, rss_bytes (and GPU use),
+        as this machine's ``/proc`` says or, for a rank on another machine, as the rank itself reported.
 
         ``history`` holds those figures over the run so far, as far as they were asked for (``RankHistory``).
         """
         with self._open(run_id) as d:
             state = d.read_json(STATE_FILE)
             summary = self._summary(d, state, d.in_use())
-        if state and run_format_note(state):
-            state = None  # another format: its ranks are not read either (summary["note"] says why)
-        ranks = [dict(r) for r in (state or {}).get("ranks") or [] if isinstance(r, dict)]
+            if state and run_format_note(state):
+                state = None  # another format: its ranks are not read either (summary["note"] says why)
+            ranks = [dict(r) for r in (state or {}).get("ranks") or [] if isinstance(r, dict)]
+            # ranks on other machines: what they said of themselves (rank_resources.reported_figures)
+            reported = reported_figures(d, ranks, time.time()) if summary["live"] else {}
         if summary["live"]:
+            for r in ranks:
+                r.update(reported.get(r.get("rank"), {}))
             proven = {}
             for r in ranks:
                 figures = self.sampler.sample(r.get("pid"), r.get("pid_start"))

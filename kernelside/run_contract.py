@@ -23,6 +23,11 @@ the Jupyter server never loads torch by reading a run.
                    arrive, and {"kind": "progress", "rank", "wall", "bar", "desc", "n", "total", "unit"}
                    at most every SERIES_PROGRESS_EVERY_S a bar (its last state always); at most
                    SERIES_MAX_BYTES (then one {"kind": "full"} line, and nothing more)
+    resources.jsonl  what the ranks on other machines say of themselves (RESOURCES_FILE; a live world on Ray),
+                   appended by the kernel about every RESOURCES_EVERY_S, one batch a write, one JSON object a line:
+                   {"kind": "resources", "rank", "pid", "wall", "cpu_percent", "rss_bytes"} (and "gpu_index",
+                   "gpu_memory_bytes", "gpu_util_percent" on a GPU); "wall" is the kernel's clock when it arrived.
+                   Past RESOURCES_MAX_BYTES the file is replaced (by rename) by one holding the last batch
 
 **State file** (``FORMAT_VERSION`` 1), a JSON object: ``version`` (the format: a server reads only its own
 and lists any other with a note), ``nblaunch`` (the kernelside that wrote it), ``id``, ``engine``, ``control``
@@ -62,6 +67,10 @@ CONTROL_SOCKET = "control.sock"
 SERIES_FILE = "series.jsonl"
 SERIES_MAX_BYTES = 32 << 20  # a run's curves stop growing here (an 8-rank run logging every step for hours)
 SERIES_PROGRESS_EVERY_S = 0.5
+RESOURCES_FILE = "resources.jsonl"
+RESOURCES_EVERY_S = 1.0  # a rank on another machine samples itself this often (worker/own_resources.py)
+RESOURCES_MAX_BYTES = 1 << 20  # then the file starts again with the last batch: only the latest counts
+RESOURCES_FRESH_S = 5.0  # the server shows a rank's own figures only while they are this recent
 FORMAT_VERSION = 1
 RUN_PREFIX = "run-"
 RUN_ID = re.compile(r"run-[0-9]{8}-[0-9]{6}-[A-Za-z0-9_]{1,64}")  # ASCII only (\\d takes "٢")

@@ -18,6 +18,7 @@ import ray
 from kernel import Kernel
 from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
+from ray_dashboard_steps import dashboard_steps
 
 STATUS = """
 from kernelside.live import registry
@@ -227,10 +228,14 @@ def main() -> None:
         out["x1"] = [timed(k, "%%distributed\nx = 1\n")["s"] for _ in range(5)]
         out["stop"] = timed(k, "%distributed_stop")
         out["stop_left"] = wait_nothing_left(pids, timeout=10)
-        # the kernel's end with a session up: Ray's and nblaunch's own clean-up leave nothing either
+        # the kernel's end with a session up: Ray's and nblaunch's own clean-up leave nothing either. This session
+        # counts only the kernel's own Ray node (the head, without CPUs) as its machine: both its ranks, on worker
+        # nodes, are "on other machines" and report their own resources; its dashboard is looked at and stopped
+        k.run("import os\nos.environ['NBLAUNCH_RAY_SAME_MACHINE'] = 'node'").ok()
         out["restart"] = timed(k, "%distributed_start -n 2 --engine ray")
         pids = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
         out["second_pids"] = pids
+        out["dashboard"] = dashboard_steps(k)
     except Exception as e:  # what ran so far, with the failure: the test says which step broke
         out["crash"] = f"{type(e).__name__}: {e}"
     finally:

@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.kernel, pytest.mark.processes]
 def shown(starts_kernels):
     # (PYTHONPATH: Ray's workers, started by the driver's cluster, import this checkout's kernelside, as the kernel)
     driver = [sys.executable, os.path.join(REPO, "tests", "ray_live_driver.py")]
-    proc = run_isolated(driver, timeout=540, env={"PYTHONPATH": REPO})
+    proc = run_isolated(driver, timeout=720, env={"PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "crash" not in out, out["crash"]
@@ -117,3 +117,41 @@ def test_bars_the_chart_rank_tabs_return_from_all_input_and_debug_work_as_on_one
     assert shown["fail"]["error"][0] == "WorkerError" and "boom on rank 1" in shown["fail"]["error"][1]
     assert shown["debug_prompts"][:1] == ["(rank 1) (Pdb) "], shown["debug_prompts"]
     assert "5\n" in shown["debug"]["stdout"], shown["debug"]  # p zz, in rank 1's frame
+
+
+def test_ranks_on_other_machines_report_their_own_cpu_and_memory_to_the_dashboard(shown):
+    # the last session counts only the kernel's own Ray node as its machine: both ranks are "elsewhere"
+    dash = shown["dashboard"]
+    entry = dash["entry"]["ranks"]
+    assert [r["pid"] for r in entry] == shown["second_pids"] and all(r["node"] for r in entry), entry
+    assert all(r["pid_start"] is None for r in entry)  # no pid of this /proc: the server cannot sample them
+    assert dash["entry"]["engine"] == "ray (live)" and dash["detail"]["engine"] == "ray (live)"
+    assert dash["detail"]["start_method"] == "Ray actors"
+    ranks = dash["detail"]["ranks"]  # the server route's answer while both ranks were busy
+    for r in ranks:
+        assert r["rss_bytes"] > 64 << 20 and r["cpu_percent"] > 2, r  # the cell's 64 MiB, its loop
+        series = dash["detail"]["history"]["ranks"][str(r["rank"])]
+        assert (
+            sum(v is not None for v in series["cpu_percent"]) >= 2
+            and sum(v is not None for v in series["rss_bytes"]) >= 3
+        )
+    lines = dash["resources_lines"]  # what the kernel wrote into the run folder, from the ranks' own reports
+    assert {line["rank"] for line in lines} == {0, 1} and {line["pid"] for line in lines} == set(shown["second_pids"])
+    assert all(line["kind"] == "resources" and line["rss_bytes"] > 0 for line in lines)
+    assert "RSS ?" not in dash["status_text"] and dash["status_text"].count(" MiB") == 2, dash["status_text"]
+
+
+def test_the_dashboards_stop_through_the_route_stops_a_busy_ray_cell_and_every_rank_keeps_its_state(shown):
+    dash = shown["dashboard"]
+    code, reply = dash["stop"]
+    assert code == 200 and reply["stopping"] is True and "stopping the running cell" in reply["message"], reply
+    ename, evalue = dash["busy"]
+    assert ename == "LaunchStoppedError" and "the cell was stopped from the run's dashboard" in evalue, evalue
+    assert dash["returned_after_stop_s"] < 15  # both ranks in a Python loop on other nodes: ■ delivered by nblaunch
+    assert dash["after"]["state"] == "idle" and dash["after"]["can_stop"], dash["after"]
+    assert [(r["pid"], r["state"]) for r in dash["status_after"]] == [(p, "idle") for p in shown["second_pids"]]
+    assert dash["kept"] == "[7, 8]"  # the same actors, with what the cell before left
+    print(f"dashboard steps: {dash['s']:.1f}s, Stop to the cell's end {dash['returned_after_stop_s']:.2f}s")
+    assert dash["screenshot_problem"] == "", dash["screenshot_problem"]  # test-artifacts/ray-live-dashboard.png
+    # the dashboard's node cell says where a rank's figures come from (here: the ranks' own reports)
+    assert all("reports its own CPU and memory" in (t or "") for t in dash["node_titles"]), dash["node_titles"]

@@ -43,6 +43,8 @@ export interface IRankModel {
   pid: string;
   /** Where a rank of a world past one machine runs ('10.0.0.2 (6f1c2a9b)'), or '' on this machine. */
   node: string;
+  /** Where its figures come from, said on its node ('' on one machine). */
+  nodeTitle: string;
   state: string;
   /** The GPU the rank computes on ('0', 'cuda:1'), or '' without one. */
   device: string;
@@ -100,6 +102,7 @@ export function makeDashboardModel(detail: IRunDetail): IDashboardModel {
       rank: rank.rank,
       pid: rank.pid ? String(rank.pid) : '–',
       node: rank.node ?? '',
+      nodeTitle: nodeTitle(rank),
       state: rankStateText(rank),
       device: deviceOf(rank),
       charts: figures.map(f => chartOf(f, rank, times, series?.[f.figure] ?? []))
@@ -323,4 +326,14 @@ export function stopButton(detail: {
       accept: 'End the session'
     }
   };
+}
+
+/** A Ray rank's node, said in its title: on the kernel's machine (read from /proc) or elsewhere (its own reports). */
+function nodeTitle(rank: IRankInfo): string {
+  if (!rank.node) {
+    return '';
+  }
+  return rank.pid_start === null || rank.pid_start === undefined
+    ? `${rank.node}: another machine than the kernel's; this rank reports its own CPU and memory about once a second`
+    : `${rank.node}: the kernel's machine; its CPU and memory are read from this machine's /proc`;
 }

@@ -83,7 +83,7 @@ class DashboardContent extends Widget {
       h(
         'p',
         { class: 'nblaunch-help nblaunch-dash-chart-help' },
-        "The charts above and the figures here are sampled about once a second while the run is watched; steps per second come from each rank's progress bars. Hover a chart for every rank's value at that time."
+        "The charts above and the figures here are sampled about once a second while the run is watched (a rank on another machine reports its own); steps per second come from each rank's progress bars. Hover a chart for every rank's value at that time."
       ),
       this._stacks,
       h('h3', { class: 'nblaunch-dash-subtitle' }, 'Log'),
@@ -304,6 +304,9 @@ class RankRow {
       ...(this._gpu ? [rank.device || '–'] : [])
     ];
     this._texts.forEach((cell, i) => setText(cell, texts[i]));
+    if (this._nodes && this._texts[2].title !== rank.nodeTitle) {
+      this._texts[2].title = rank.nodeTitle;
+    }
     charts.forEach((chart, i) => this._charts[i]?.update(chart));
   }
 

@@ -142,8 +142,10 @@ export interface IRankInfo {
   exit: string | null;
   log: string | null;
   gpu?: string | null;
-  /** A rank of a world past one machine: its node ('IP (node id)'); its figures come only when it is here. */
+  /** A rank of a world past one machine: its node ('IP (node id)'); a rank elsewhere reports its own figures. */
   node?: string | null;
+  /** Its process's start time on the server's machine; null for a rank on another machine. */
+  pid_start?: number | null;
   cpu_percent?: number | null;
   rss_bytes?: number;
   gpu_index?: number;

@@ -136,8 +136,8 @@ describe('makeDashboardModel', () => {
   it("names each rank's node for a world past one machine, and no node column on one machine", () => {
     expect(makeDashboardModel(detail()).nodes).toBe(false);
     const ranks = [
-      { ...detail().ranks[0], node: '127.0.0.1 (6f1c2a9b)' },
-      // a rank on another machine: no figures (its pid is not one of the server's machine)
+      { ...detail().ranks[0], node: '127.0.0.1 (6f1c2a9b)', pid_start: 8812 },
+      // a rank on another machine: no figures here (it reports its own; none came yet)
       {
         rank: 1,
         pid: 4242,
@@ -150,6 +150,9 @@ describe('makeDashboardModel', () => {
     const model = makeDashboardModel(detail({ ranks, history: undefined }));
     expect(model.nodes).toBe(true);
     expect(model.ranks.map(r => r.node)).toEqual(['127.0.0.1 (6f1c2a9b)', '10.0.0.7 (93ad01fe)']);
+    expect(model.ranks[0].nodeTitle).toContain("the kernel's machine");
+    expect(model.ranks[1].nodeTitle).toContain('reports its own CPU and memory');
+    expect(makeDashboardModel(detail()).ranks[0].nodeTitle).toBe('');
     expect(model.ranks[1].charts.map(c => c.now)).toEqual(['–', '–']);
   });
 

@@ -18,6 +18,11 @@ A lost rank (its process killed, its node removed: ``live.ray_losses``) is named
 ``replace()`` starts a new actor in the bundle it left (Ray places a lost node's bundles again where there is
 room); the ranks that stayed keep their state and rebuild the default group with it (``live.rejoin_engine``).
 
+A rank is on the kernel's machine (``here``: the Runs view reads its CPU and memory in this ``/proc``) when its
+Ray node has the kernel's node's IP; ``NBLAUNCH_RAY_SAME_MACHINE=node`` counts only the kernel's own Ray node
+(several Ray nodes on one machine, as ``ray.cluster_utils.Cluster`` makes them, then look like other machines).
+A rank elsewhere reports its own figures on its ``resources`` connection (``live.ray_resources``).
+
 ``close()`` ends every rank (request channels closed, then ``ray.kill`` after the grace), removes the
 placement group and waits (bounded) until every rank's process let go of its connections.
 
@@ -44,11 +49,13 @@ from ..worker.ray_live_rank import CHANNELS
 from .ray_channel import RayPipes, RayRank, RayRankGroup, accept_ranks
 from .ray_losses import by_node, lost_line, nodes_gone, slot_on
 from .ray_placement import bundle_of, cluster_has, place, start_actor, strategy_of
+from .ray_resources import RankReports
 from .world import WorldBase, WorldState, rss_of
 
 START_WAIT_S = 120.0  # the actors' start (a worker process each, imports) and their connections back
 KILL_WAIT_S = 10.0  # after ray.kill, how long close() waits for the ranks' processes to end
 REPLACE_WAIT_S = 60.0  # a lost rank's bundle placed again (its node gone: on a node that has room) and connected
+SAME_MACHINE_ENV = "NBLAUNCH_RAY_SAME_MACHINE"  # "ip" (the default) or "node": what counts as the kernel's machine
 
 
 @dataclasses.dataclass
@@ -78,6 +85,7 @@ class RayWorld(WorldBase):
         self.port = None
         self.node_id: str | None = None  # the kernel's own Ray node
         self.node_ip: str | None = None  # and its IP: ranks on a node with that IP are on the kernel's machine
+        self.reports: RankReports | None = None  # what the ranks on other machines say of their resources
 
     # -- life cycle ------------------------------------------------------------------------
     def start(self) -> dict:
@@ -113,6 +121,7 @@ class RayWorld(WorldBase):
             for rank, (i, local_rank, node_rank, local_size) in enumerate(_order(where, self.node_id))
         }
         self._serving = {}  # (kept: a task whose reference is dropped may be cancelled by Ray)
+        self.reports = RankReports(self.log_dir)
         self.group = RayRankGroup(self._connect(ray, slots, deadline, gen=0))
         self._actors = []
 
@@ -127,11 +136,18 @@ class RayWorld(WorldBase):
             serving = []
             for rank, s in slots.items():
                 spec = self._spec(rank, s.local_rank, s.node_rank, s.local_size, s.where, gen)
-                self._serving[rank] = s.actor.serve.remote(dataclasses.asdict(spec), address, token)
+                elsewhere = not self._here(s.where)
+                self._serving[rank] = s.actor.serve.remote(dataclasses.asdict(spec), address, token, elsewhere)
                 serving.append(self._serving[rank])
             fds = accept_ranks(listener, token, n, deadline, lambda: _ended(ray, serving), ranks=set(slots))
         finally:
             listener.close()
+        for rank, s in slots.items():
+            reports = fds[rank].pop("resources")
+            if self._here(s.where):
+                os.close(reports)
+            else:
+                self.reports.add(rank, s.where["pid"], reports)
         return [
             RayRank(
                 rank=rank,
@@ -142,12 +158,18 @@ class RayWorld(WorldBase):
                 node_rank=s.node_rank,
                 gpus=s.where["gpus"],
                 actor=s.actor,
-                pipes=RayPipes(**{_KERNEL_END[c]: fds[rank][c] for c in CHANNELS}),
+                pipes=RayPipes(**{_KERNEL_END[c]: fds[rank][c] for c in CHANNELS if c in _KERNEL_END}),
                 bundle=s.bundle,
-                here=s.where["ip"] == self.node_ip,
+                here=self._here(s.where),
             )
             for rank, s in sorted(slots.items())
         ]
+
+    def _here(self, where: dict) -> bool:
+        """Is the actor that said ``where`` on the kernel's machine? (see the module docstring)"""
+        if os.environ.get(SAME_MACHINE_ENV, "ip").strip().lower() == "node":
+            return where["node_id"] == self.node_id
+        return where["ip"] == self.node_ip
 
     # -- a lost rank or node ------------------------------------------------------------------
     replaces_lost = True  # a lost rank is replaced in its bundle; the others keep their state (live.session)
@@ -171,6 +193,7 @@ class RayWorld(WorldBase):
         for w in gone:
             self.mux.forget(w)
             self.group.drop(w)
+            self.reports.forget(w.rank)
         self.state, self.broken_because = WorldState.STARTING, None
         gen = self.next_generation()
         actors = {w.rank: start_actor(ray, self.pg, w.bundle, self.bundle) for w in gone}
@@ -261,6 +284,9 @@ class RayWorld(WorldBase):
         for actor in getattr(self, "_actors", []):  # a start that failed before the ranks were connected
             ray.kill(actor, no_restart=True)
         self._actors = []
+        if self.reports is not None:
+            self.reports.close()
+            self.reports = None
         if self.pg is not None:
             try:
                 ray.util.remove_placement_group(self.pg)
@@ -284,7 +310,7 @@ class RayWorld(WorldBase):
         )
 
     def status(self) -> list[dict]:
-        """Per rank: pid, node, idle/busy, cells run, memory (RSS bytes, for ranks on the kernel's machine)."""
+        """Per rank: pid, node, idle/busy, cells run, memory (RSS bytes: a rank on another machine's, as it said)."""
         if not self.up:
             return []
         return [
@@ -295,7 +321,7 @@ class RayWorld(WorldBase):
                 "local_rank": w.local_rank,
                 "state": self.rank_state(w),
                 "cells": self.cells_run[w.rank],
-                "rss": rss_of(w.pid) if w.here else None,
+                "rss": rss_of(w.pid) if w.here else self.reports.rss(w.rank),
             }
             for w in self.group.workers
         ]

@@ -43,7 +43,10 @@ from ..launch.run_tracker import RunTracker
 from ..run_contract import FINAL_RUN_STATES, RunState, rank_log_name, stop_place_words
 from ..short_traceback import error_line
 
-ENGINE = "local (live)"
+
+def engine_words(engine: str) -> str:
+    """How a live session's entry names its engine: 'local (live)', 'ray (live)'."""
+    return f"{engine} (live)"
 
 
 def panel_stopped(place: str | None = None) -> str:
@@ -86,7 +89,8 @@ class LiveRunEntry(RunTracker):
             self.channel = None
         if self.channel is not None:
             self.channel.stopping_message = STOP_REPLY
-        super().__init__(RunStateWriter(session.log_dir, engine=ENGINE, has_control=self.channel is not None), None)
+        engine = engine_words(session.plan.engine)
+        super().__init__(RunStateWriter(session.log_dir, engine=engine, has_control=self.channel is not None), None)
         self.write_lock = threading.Lock()  # the daemon thread and the main thread both write
         self.stop_asked = threading.Event()  # Stop between cells: the session ends
         self.cell_stop = threading.Event()  # Stop during a cell: that cell stops, every rank keeps its state
@@ -257,7 +261,8 @@ class LiveRunEntry(RunTracker):
             session=True,
             world_size=s.plan.num_processes,
             backend=s.plan.backend,
-            start_method=s.plan.start_method,
+            # (a Ray world's ranks are the actors' own processes: no start method of ours)
+            start_method=s.plan.start_method if s.plan.engine != "ray" else "Ray actors",
             cells_run=self.cells,
             restarts=s.restarts,
             last_cell=self.last_cell,

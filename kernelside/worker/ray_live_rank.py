@@ -10,7 +10,9 @@ its deduplication, get nothing from this process), and runs ``serve_requests`` o
 replies connections. A Ray actor task cannot be interrupted while it runs (``ray.cancel`` only sets a flag),
 so ■ comes on the ``control`` connection: a byte that this process turns into SIGINT to its main thread (where
 Ray's worker blocks SIGINT, ``serve()`` unblocks it). The end of the
-``control`` connection is the kernel's end: the rank ends with it, whatever it was doing.
+``control`` connection is the kernel's end: the rank ends with it, whatever it was doing. A rank on another
+machine than the kernel's (``report_resources``) sends its own CPU, memory and GPU use on the ``resources``
+connection (``worker.own_resources``): the Jupyter server there cannot read this process in its ``/proc``.
 
 Example (the kernel side, see ``live.ray_world``)::
 
@@ -30,7 +32,7 @@ from ..channel import EventWriter
 from .lifecycle import RankSpec
 from .std_streams import flush_all, fresh_std_streams
 
-CHANNELS = ("stdout", "stderr", "events", "replies", "requests", "control")
+CHANNELS = ("stdout", "stderr", "events", "replies", "requests", "control", "resources")
 INTERRUPT = b"I"  # on ``control``: SIGINT to this rank
 CONNECT_S = 30.0
 HELLO_MAX = 128
@@ -99,9 +101,11 @@ class LiveRankActor:
             "cuda": cuda_index(gpus, os.environ.get("CUDA_VISIBLE_DEVICES")),
         }
 
-    def serve(self, spec: dict, address: tuple[str, int], token: str) -> int:
-        """Connect to the kernel, then serve its requests until it says stop; the process ends with the rank."""
+    def serve(self, spec: dict, address: tuple[str, int], token: str, report_resources: bool = False) -> int:
+        """Connect to the kernel, then serve its requests until it says stop; the process ends with the rank.
+        ``report_resources``: this rank is on another machine than the kernel's, so it reports its own figures."""
         from .live_rank import serve_requests
+        from .own_resources import report_own_resources
 
         fds = {}
         for channel in CHANNELS:
@@ -117,6 +121,10 @@ class LiveRankActor:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])  # Ray's workers block it; the rank needs ■
         watch = threading.Thread(target=_watch_control, args=(fds["control"],), name="nblaunch-control", daemon=True)
         watch.start()
+        if report_resources:
+            report_own_resources(fds.pop("resources"), gpu=str(spec.get("device", "")).startswith("cuda"))
+        else:
+            os.close(fds.pop("resources"))
         # the namespace starts as a cell's exec() would leave it: with builtins (a function rebuilt on globals without
         # them cannot import from C: torch's first tensor in a fresh Ray worker fails on its storage module)
         namespace = {"__builtins__": builtins}
