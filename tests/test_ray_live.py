@@ -3,8 +3,9 @@
 One cluster start for the whole module (it costs tens of seconds here): ray_live_driver.py starts a
 ``ray.cluster_utils.Cluster`` (a head without CPUs and two worker nodes of 2 CPUs each, everything on
 127.0.0.1 in a loopback-only network namespace), a real kernel whose nblaunch.yaml points at it, runs the
-cells, reads what is left through Ray's GCS (actors, placement groups) and /proc, stops the cluster and
-prints what each step showed.
+cells, executes notebooks/ray_live.ipynb on the same cluster, ends kernels with a session up (a restart, a
+graceful shutdown, a SIGKILL), reads what is left after each step through Ray's GCS (actors, placement groups)
+and /proc, stops the cluster and prints what each step showed.
 """
 
 from __future__ import annotations
@@ -13,18 +14,27 @@ import json
 import os
 import sys
 
+import nbformat
 import pytest
 from kernel import REPO
 from netns import run_isolated
 
-pytestmark = [pytest.mark.kernel, pytest.mark.processes]
+# the driver (the module's fixture) runs in the first test's time: about 4 minutes here, more under load
+pytestmark = [pytest.mark.kernel, pytest.mark.processes, pytest.mark.timeout(600)]
+
+NOTHING_LEFT = {"actors": 0, "placement_groups": 0, "processes": []}
 
 
 @pytest.fixture(scope="module")
-def shown(starts_kernels):
+def notebook_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("ray-live-notebook")
+
+
+@pytest.fixture(scope="module")
+def shown(starts_kernels, notebook_dir):
     # (PYTHONPATH: Ray's workers, started by the driver's cluster, import this checkout's kernelside, as the kernel)
-    driver = [sys.executable, os.path.join(REPO, "tests", "ray_live_driver.py")]
-    proc = run_isolated(driver, timeout=540, env={"PYTHONPATH": REPO})
+    driver = [sys.executable, os.path.join(REPO, "tests", "ray_live_driver.py"), str(notebook_dir)]
+    proc = run_isolated(driver, timeout=580, env={"PYTHONPATH": REPO})
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "crash" not in out, out["crash"]
@@ -100,11 +110,61 @@ def test_a_placement_group_that_cannot_fit_fails_the_start_saying_what_was_asked
     assert shown["unfit_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
 
 
-def test_stop_and_the_kernels_end_leave_no_actor_placement_group_or_process(shown):
+def test_stop_leaves_no_actor_placement_group_or_process(shown):
     assert shown["stop"]["error"] is None
-    assert shown["stop_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+    assert shown["stop_left"] == NOTHING_LEFT
+
+
+def test_a_kernel_restart_with_a_session_up_leaves_nothing_and_the_new_kernel_starts_one_again(shown):
     assert shown["restart"]["error"] is None and len(shown["second_pids"]) == 2
-    assert shown["kernel_end_left"] == {"actors": 0, "placement_groups": 0, "processes": []}
+    assert shown["restart_exit"] == 0  # the old kernel ended on the shutdown request, not killed after 5 s
+    assert shown["kernel_restart_left"] == NOTHING_LEFT
+    assert shown["after_restart"]["error"] is None, shown["after_restart"]
+    assert "2 ranks on" in shown["after_restart"]["stdout"]
+    assert not set(shown["third_pids"]) & set(shown["second_pids"])
+
+
+def test_the_kernels_graceful_end_with_a_session_up_leaves_nothing(shown):
+    assert shown["end_exit"] == 0
+    assert shown["kernel_end_left"] == NOTHING_LEFT
+
+
+def test_the_kernels_death_by_sigkill_with_a_session_up_leaves_nothing(shown):
+    assert shown["before_kill"]["error"] is None and len(shown["fourth_pids"]) == 2
+    assert shown["kernel_kill_left"] == NOTHING_LEFT
+    assert shown["last_left"] == NOTHING_LEFT
+
+
+def _outputs(cell) -> str:
+    return "".join(o.get("text", "") + o.get("evalue", "") + "\n".join(o.get("traceback", [])) for o in cell.outputs)
+
+
+def test_the_ray_live_notebook_runs_top_to_bottom_on_the_cluster_and_leaves_nothing(shown):
+    """notebooks/ray_live.ipynb as a user runs it (Run All), on this module's cluster: 4 ranks over 2 nodes, a model
+    built from a config and trained by DDP across cells, rank 2's error while the others wait in all_reduce, training
+    going on from the same step, --return, %distributed_stop."""
+    run = shown["notebook"]
+    assert run["error"] is None, run["error"]
+    nb = nbformat.read(run["path"], as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code"]
+    by_source = {c.source.splitlines()[0]: _outputs(c) for c in cells}
+    text = "".join(_outputs(c) for c in cells)
+    assert "live session up in" in by_source["%distributed_start -n 4 --engine ray"]
+    assert "4 ranks on 2 Ray node(s)" in by_source["%distributed_start -n 4 --engine ray"]
+    assert len(run["pids"]) == 4 and len(set(run["pids"])) == 4
+    assert "model built on 4 ranks; rank 0 is on node 0" in text
+    assert "step 20, loss" in text and "step 40, loss" in text  # the second cell went on from the first
+    assert "every rank holds the same weights: True" in text  # DDP in sync across both nodes
+    failed = next(c for c in cells if "raises-exception" in c.metadata.get("tags", []))
+    error = _outputs(failed)
+    assert "rank 2 failed: ValueError: rank 2 found a bad shard" in error
+    assert "waiting in torch.distributed.all_reduce()" in error
+    assert "every rank kept its state" in error and "restarted" not in error
+    assert "still at step 40" in text and "training went on to step 50" in text
+    assert "rank 0: step 50, returning its model" in text and "rank 1:" not in text
+    assert "the returned Sequential after 50 steps: mse" in text
+    assert "live session stopped" in by_source["%distributed_stop"]
+    assert run["left"] == NOTHING_LEFT
 
 
 def test_bars_the_chart_rank_tabs_return_from_all_input_and_debug_work_as_on_one_machine(shown):
