@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 
 import nbformat
@@ -23,6 +24,10 @@ from netns import run_isolated
 pytestmark = [pytest.mark.kernel, pytest.mark.processes, pytest.mark.timeout(600)]
 
 NOTHING_LEFT = {"actors": 0, "placement_groups": 0, "processes": []}
+# how a kernel that was asked to end ended: by itself (0), or by jupyter_client's SIGTERM 2.5 s after the request,
+# which here lands in Python's own finalization (its last collection over a heap holding torch and ray: over 1.5 s
+# on this loaded machine), after Ray's and IPython's exit handlers ran; never the SIGKILL that comes 2.5 s later
+ENDED_ON_REQUEST = (0, -signal.SIGTERM)
 
 
 @pytest.fixture(scope="module")
@@ -117,7 +122,7 @@ def test_stop_leaves_no_actor_placement_group_or_process(shown):
 
 def test_a_kernel_restart_with_a_session_up_leaves_nothing_and_the_new_kernel_starts_one_again(shown):
     assert shown["restart"]["error"] is None and len(shown["second_pids"]) == 2
-    assert shown["restart_exit"] == 0  # the old kernel ended on the shutdown request, not killed after 5 s
+    assert shown["restart_exit"] in ENDED_ON_REQUEST, shown["restart_exit"]
     assert shown["kernel_restart_left"] == NOTHING_LEFT
     assert shown["after_restart"]["error"] is None, shown["after_restart"]
     assert "2 ranks on" in shown["after_restart"]["stdout"]
@@ -125,7 +130,7 @@ def test_a_kernel_restart_with_a_session_up_leaves_nothing_and_the_new_kernel_st
 
 
 def test_the_kernels_graceful_end_with_a_session_up_leaves_nothing(shown):
-    assert shown["end_exit"] == 0
+    assert shown["end_exit"] in ENDED_ON_REQUEST, shown["end_exit"]
     assert shown["kernel_end_left"] == NOTHING_LEFT
 
 
