@@ -39,7 +39,8 @@ def shown(gpus):
     driver = [sys.executable, os.path.join(HERE, "ray_live_gpu_driver.py"), str(gpus)]
     # (PYTHONPATH: the cluster's Ray workers import this checkout's kernelside and the kit's wheels, as the kernel)
     path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
-    proc = run_isolated(driver, timeout=110, env={"PYTHONPATH": path})
+    # (NCCL_SOCKET_IFNAME: NCCL's bootstrap, like gloo's, on the namespace's only interface, which NCCL takes last)
+    proc = run_isolated(driver, timeout=110, env={"PYTHONPATH": path, "NCCL_SOCKET_IFNAME": "lo"})
     assert proc.returncode == 0, proc.stderr[-6000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert "crash" not in out, (out["crash"], {k: v for k, v in out.items() if k != "crash"})
