@@ -200,6 +200,36 @@ def run_notebook(config: str, out_dir: str) -> dict:
     return out
 
 
+def gpu_masking(cluster) -> dict:
+    """Two rank actors placed as nblaunch places them with ``use_gpu``, on a node that declares 2 GPUs (Ray counts
+    GPUs as it counts any resource: none is real here), against a plain Ray task given one GPU: what each one sees
+    of CUDA_VISIBLE_DEVICES, which GPU Ray gave it and the CUDA index the rank would set."""
+    from kernelside.live.ray_placement import bundle_of, place, start_actor
+
+    node = cluster.add_node(num_cpus=0, num_gpus=2)
+    bundle = bundle_of({"resources_per_worker": {"CPU": 0}, "use_gpu": True})
+    pg = place(ray, 2, bundle, cluster.address)
+    actors = [start_actor(ray, pg, i, bundle) for i in range(2)]
+    try:
+        where = ray.get([a.where.remote() for a in actors], timeout=120)
+        seen = ray.get([a.__ray_call__.remote(lambda _: os.environ.get("CUDA_VISIBLE_DEVICES")) for a in actors])
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        ray.util.remove_placement_group(pg)
+
+    @ray.remote(num_cpus=0, num_gpus=1)
+    def masked():
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), [str(g) for g in ray.get_gpu_ids()]
+
+    plain = ray.get(masked.remote(), timeout=120)
+    cluster.remove_node(node)
+    return {
+        "ranks": [{"gpus": w["gpus"], "cuda": w["cuda"], "visible": v} for w, v in zip(where, seen, strict=True)],
+        "plain_task": list(plain),
+    }
+
+
 def main() -> None:
     out_dir = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="nblaunch-ray-live-notebook-")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
@@ -267,6 +297,7 @@ def main() -> None:
         out["stop_left"] = wait_nothing_left(pids, timeout=10)
         # the notebook, on this cluster's 4 CPUs once the session above gave them back
         out["notebook"] = run_notebook(os.path.join(folder, "nblaunch.yaml"), out_dir)
+        out["gpu_masking"] = gpu_masking(cluster)
 
         # each way a kernel ends, with a session up: nblaunch's and Ray's clean-up must leave nothing
         # a restart as JupyterLab's (a shutdown request, then the same kernel's new process)

@@ -141,6 +141,16 @@ def test_the_kernels_death_by_sigkill_with_a_session_up_leaves_nothing(shown):
     assert shown["last_left"] == NOTHING_LEFT
 
 
+def test_gpu_rank_actors_are_placed_with_rays_cuda_visible_devices_masking_off(shown):
+    """On a node that declares 2 GPUs (none real): each rank's actor sees CUDA_VISIBLE_DEVICES as the node has it
+    (unset), so its CUDA index is the GPU Ray gave it; a plain Ray task given a GPU is masked to it."""
+    got = shown["gpu_masking"]
+    assert sorted((r["gpus"], r["cuda"]) for r in got["ranks"]) == [([0], 0), ([1], 1)], got
+    assert [r["visible"] for r in got["ranks"]] == [None, None], got
+    visible, ids = got["plain_task"]
+    assert visible == ids[0] and len(ids) == 1, got  # what nblaunch turns off: Ray's own masking
+
+
 def _outputs(cell) -> str:
     return "".join(o.get("text", "") + o.get("evalue", "") + "\n".join(o.get("traceback", [])) for o in cell.outputs)
 
