@@ -126,8 +126,11 @@ GPU_PY ?=
 GPU_TEST_PY = $(or $(GPU_PY),$(PY))
 GPU_TEST_TIMEOUT ?= 120
 GPU_WHEELS ?= .gpu-wheels
+# ray (tests/gpu/test_gpu_ray_live.py, skipped without it) only when asked: `make gpu-wheels GPU_WHEEL_EXTRA=ray`.
+# Its wheel alone is 79 MB (ray 2.60, cp312), more than a GPU machine reached with 64 MiB of carried files can take.
+GPU_WHEEL_EXTRA ?=
 GPU_WHEEL_PACKAGES := ipython ipykernel ipywidgets jupyter_client nbclient nbformat jupyter_server \
-	einops hjson msgpack ninja py-cpuinfo pydantic
+	einops hjson msgpack ninja py-cpuinfo pydantic $(GPU_WHEEL_EXTRA)
 # DeepSpeed (tests/gpu/test_gpu_deepspeed.py) publishes no wheel: one is built here without its ops (DS_BUILD_OPS=0),
 # needing the packages above; ZeRO-2 with torch's AdamW compiles nothing on the GPU machine
 GPU_DEEPSPEED := deepspeed>=0.15

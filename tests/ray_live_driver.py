@@ -2,20 +2,26 @@
 
 Run by test_ray_live.py inside a loopback-only network namespace. This driver starts a
 ``ray.cluster_utils.Cluster`` (a head without CPUs, two worker nodes of 2 CPUs each: 4 ranks over 2 nodes),
-a kernel whose ``nblaunch.yaml`` points at it, runs the cells, looks at what is left through Ray's own state
-(the GCS: actors, placement groups) and /proc, stops the cluster and prints one JSON object.
+a kernel whose ``nblaunch.yaml`` points at it, runs the cells, then notebooks/ray_live.ipynb (as
+notebooks/execute.py runs it, with ``NBLAUNCH_CONFIG`` naming the same file; the executed copy goes to the folder
+given as the first argument), then ends kernels with a session up in each way a kernel ends: a restart, a graceful
+shutdown, a SIGKILL. After each end and each ``%distributed_stop`` it looks at what is left through Ray's own state
+(the GCS: actors, placement groups) and /proc; then it stops the cluster and prints one JSON object.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import re
+import signal
 import sys
 import tempfile
 import time
 
 import ray
-from kernel import Kernel
+from kernel import REPO, Kernel
 from ray.cluster_utils import Cluster
 from ray.util import placement_group_table
 from ray_dashboard_steps import dashboard_steps
@@ -165,7 +171,68 @@ def wait_nothing_left(pids: list[int], timeout: float = 30.0) -> dict:
         time.sleep(0.2)
 
 
+def pids_of(k) -> list[int]:
+    return [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
+
+
+def run_notebook(config: str, out_dir: str) -> dict:
+    """notebooks/ray_live.ipynb, executed as notebooks/execute.py executes it, in a kernel that reads ``config``
+    (``NBLAUNCH_CONFIG``, as a user's nblaunch.yaml would say where the cluster is): where the executed copy is,
+    the first failing cell's error if any, and what its ranks left once it ended (pids from %distributed_status)."""
+    spec = importlib.util.spec_from_file_location("execute_nb", os.path.join(REPO, "notebooks", "execute.py"))
+    execute_nb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(execute_nb)
+    path = os.path.join(REPO, "notebooks", "ray_live.ipynb")
+    out: dict = {"path": os.path.join(out_dir, "ray_live.executed.ipynb"), "error": None}
+    os.environ["NBLAUNCH_CONFIG"] = config
+    t0 = time.monotonic()
+    try:
+        _, nb = execute_nb.execute(path, out_dir, timeout=300)
+    except Exception as e:  # noqa: BLE001 - the failing cell, said in the test; the executed copy is written anyway
+        out["error"] = f"{type(e).__name__}: {e}"[-4000:]
+        return out
+    finally:
+        del os.environ["NBLAUNCH_CONFIG"]
+        out["s"] = time.monotonic() - t0
+    status = next(c for c in nb.cells if c.cell_type == "code" and c.source == "%distributed_status")
+    text = "".join(o.get("text", "") for o in status.outputs)
+    out["pids"] = [int(p) for p in re.findall(r"rank \d+: pid (\d+)", text)]
+    out["left"] = wait_nothing_left(out["pids"], timeout=30)
+    return out
+
+
+def gpu_masking(cluster) -> dict:
+    """Two rank actors placed as nblaunch places them with ``use_gpu``, on a node that declares 2 GPUs (Ray counts
+    GPUs as it counts any resource: none is real here), against a plain Ray task given one GPU: what each one sees
+    of CUDA_VISIBLE_DEVICES, which GPU Ray gave it and the CUDA index the rank would set."""
+    from kernelside.live.ray_placement import bundle_of, place, start_actor
+
+    node = cluster.add_node(num_cpus=0, num_gpus=2)
+    bundle = bundle_of({"resources_per_worker": {"CPU": 0}, "use_gpu": True})
+    pg = place(ray, 2, bundle, cluster.address)
+    actors = [start_actor(ray, pg, i, bundle) for i in range(2)]
+    try:
+        where = ray.get([a.where.remote() for a in actors], timeout=120)
+        seen = ray.get([a.__ray_call__.remote(lambda _: os.environ.get("CUDA_VISIBLE_DEVICES")) for a in actors])
+    finally:
+        for a in actors:
+            ray.kill(a, no_restart=True)
+        ray.util.remove_placement_group(pg)
+
+    @ray.remote(num_cpus=0, num_gpus=1)
+    def masked():
+        return os.environ.get("CUDA_VISIBLE_DEVICES"), [str(g) for g in ray.get_gpu_ids()]
+
+    plain = ray.get(masked.remote(), timeout=120)
+    cluster.remove_node(node)
+    return {
+        "ranks": [{"gpus": w["gpus"], "cuda": w["cuda"], "visible": v} for w, v in zip(where, seen, strict=True)],
+        "plain_task": list(plain),
+    }
+
+
 def main() -> None:
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="nblaunch-ray-live-notebook-")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
     for _ in range(2):
         cluster.add_node(num_cpus=2)
@@ -175,6 +242,7 @@ def main() -> None:
     with open(os.path.join(folder, "nblaunch.yaml"), "w") as fh:
         fh.write(f"engine: ray\nray_address: '{cluster.address}'\n")
     out: dict = {"nodes": len([n for n in ray.nodes() if n["Alive"]])}
+    pids: list[int] = []
     k = Kernel(cwd=folder)
     try:
         k.run("%load_ext kernelside\nimport json").ok()
@@ -228,19 +296,49 @@ def main() -> None:
         out["x1"] = [timed(k, "%%distributed\nx = 1\n")["s"] for _ in range(5)]
         out["stop"] = timed(k, "%distributed_stop")
         out["stop_left"] = wait_nothing_left(pids, timeout=10)
-        # the kernel's end with a session up: Ray's and nblaunch's own clean-up leave nothing either. This session
+        # the notebook, on this cluster's 4 CPUs once the session above gave them back
+        out["notebook"] = run_notebook(os.path.join(folder, "nblaunch.yaml"), out_dir)
+        out["gpu_masking"] = gpu_masking(cluster)
+
+        # each way a kernel ends, with a session up: nblaunch's and Ray's clean-up must leave nothing. This session
         # counts only the kernel's own Ray node (the head, without CPUs) as its machine: both its ranks, on worker
         # nodes, are "on other machines" and report their own resources; its dashboard is looked at and stopped
         k.run("import os\nos.environ['NBLAUNCH_RAY_SAME_MACHINE'] = 'node'").ok()
         out["restart"] = timed(k, "%distributed_start -n 2 --engine ray")
-        pids = [r["pid"] for r in json.loads(k.run(STATUS).ok().stdout)]
-        out["second_pids"] = pids
+        out["second_pids"] = pids = pids_of(k)
         out["dashboard"] = dashboard_steps(k)
+        # then a restart as JupyterLab's (a shutdown request, then the same kernel's new process)
+        process = k.km.provisioner.process
+        k.km.restart_kernel(now=False)
+        out["restart_exit"] = process.poll()  # 0: the old kernel ended by itself, not killed after the 5 s
+        k.kc.wait_for_ready(timeout=60)
+        out["kernel_restart_left"] = wait_nothing_left(pids, timeout=30)
+        # the restarted kernel starts a session again, then ends gracefully (a shutdown request, the kill after 5 s)
+        k.run("%load_ext kernelside\nimport json").ok()
+        out["after_restart"] = timed(k, "%distributed_start -n 2 --engine ray")
+        out["third_pids"] = pids = pids_of(k)
+        process = k.km.provisioner.process
+        k.km.shutdown_kernel(now=False)
+        out["end_exit"] = process.poll()
+        out["kernel_end_left"] = wait_nothing_left(pids, timeout=30)
+        # a kernel of its own dies by SIGKILL (to its process alone, as the OOM killer would)
+        k2 = Kernel(cwd=folder)
+        try:
+            k2.run("%load_ext kernelside\nimport json").ok()
+            out["before_kill"] = timed(k2, "%distributed_start -n 2 --engine ray")
+            out["fourth_pids"] = pids = pids_of(k2)
+            os.kill(k2.pid, signal.SIGKILL)
+            out["kernel_kill_left"] = wait_nothing_left(pids, timeout=30)
+        finally:
+            k2.shutdown()
     except Exception as e:  # what ran so far, with the failure: the test says which step broke
         out["crash"] = f"{type(e).__name__}: {e}"
     finally:
-        k.shutdown()
-    out["kernel_end_left"] = wait_nothing_left(out.get("second_pids", []), timeout=30)
+        if k.km.is_alive():
+            k.shutdown()
+        else:
+            k.kc.stop_channels()
+    out["last_left"] = wait_nothing_left(pids, timeout=30)  # (after a crash: whatever the last step had up)
     ray.shutdown()
     cluster.shutdown()
     print(json.dumps(out))

@@ -29,6 +29,9 @@ PAGES = ["README.md", *sorted(str(p.relative_to(REPO)) for p in Path(REPO, "docs
 NOT_RUN = {
     ("README.md", "pip install ."): "run by tests/panel_browser/test_wheel_install.py (wheel into a new venv)",
     ("README.md", "jupyter labextension list"): "run by tests/panel_browser/test_wheel_install.py, in the new venv",
+    ("README.md", "%distributed_start -n 4 --engine ray"): (
+        "starts live ranks on a Ray cluster; tests/test_ray_live.py runs notebooks/ray_live.ipynb on one"
+    ),
     ("docs/guide/install.md", "pip install ."): "the README's install lines: run by test_wheel_install.py",
     ("docs/guide/install.md", "jupyter labextension list"): "the README's check lines: run by test_wheel_install.py",
     ("docs/guide/install.md", "pip uninstall nblaunch"): "run by tests/panel_browser/test_wheel_install.py",

@@ -274,12 +274,15 @@ class RayWorld(WorldBase):
 
         group = self.group
         if group is not None and not group.closed:
-            # killed through Ray at once, not left to end on their closed requests: an actor that ends its own
-            # process is "a worker died unexpectedly" to Ray, which says so in the kernel's output. A live rank
-            # between requests has nothing left to write (its results are sent), so no grace is needed.
+            # killed through Ray at once, and their ends waited for before their requests are closed: an actor that
+            # ends its own process (its serve loop ends on its closed requests) is "a worker died unexpectedly" to
+            # Ray, whose raylet then prints so into the kernel's output, into whichever cell runs (Ray's kill is
+            # asynchronous: closing the requests at once let a rank end first). A live rank between requests has
+            # nothing left to write (its results are sent), so no grace is needed.
             group.signal_all(0)
-            group.end_requests()
-            group.wait_ended(time.monotonic() + max(grace, KILL_WAIT_S))
+            if not group.wait_ended(time.monotonic() + KILL_WAIT_S):
+                group.end_requests()  # (a rank Ray did not end in time ends on its closed requests)
+                group.wait_ended(time.monotonic() + max(grace, KILL_WAIT_S))
             group.close_fds()
         for actor in getattr(self, "_actors", []):  # a start that failed before the ranks were connected
             ray.kill(actor, no_restart=True)
