@@ -27,14 +27,14 @@ def _notebook(source: str) -> dict:
 def test_a_cell_needs_the_names_it_reads_and_those_of_the_notebook_functions_it_calls():
     ns = _notebook("lr = 0.1\nscale = 3\nunused = 1\ndef step(x):\n    return x * scale\n")
     ns.update(In=[], Out={}, _=5, rank=7)
-    assert cell_needs("y = step(lr) + _ + rank\nprint(In)", "<cell>", ns) == {"lr", "scale", "step"}
+    assert cell_needs("y = step(lr) + _ + rank\nprint(In)", ns) == {"lr", "scale", "step"}
 
 
 def test_ipython_names_are_skipped_by_every_path_alike():
     ns = _notebook("def f():\n    return Out, get_ipython, x\nx = 1\n")
     ns.update({n: object() for n in NOT_CAPTURED})
     assert function_needs(ns["f"], ns) == {"x"}
-    assert cell_needs("f(); In; Out; exit", "<cell>", ns) == {"f", "x"}
+    assert cell_needs("f(); In; Out; exit", ns) == {"f", "x"}
     assert "Out" in cell_free_names("print(Out)")  # export's analysis names it; its collector then skips it
 
 

@@ -16,7 +16,7 @@ which names never travel.
 
 Example::
 
-    >>> sorted(cell_needs("y = lr * 2", "<cell>", {"lr": 0.1, "In": []}))
+    >>> sorted(cell_needs("y = lr * 2", {"lr": 0.1, "In": []}))
     ['lr']
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import dis
+import functools
 import symtable
 import types
 
@@ -63,46 +64,46 @@ def is_notebook_function(value) -> bool:
 # -- analysis: bytecode (what must reach a rank) ------------------------------------------------------
 
 
-def names_read(source: str, filename: str) -> set[str]:
+def names_read(source: str) -> set[str]:
     """Every global name the code (nested functions and classes included) may read.
 
     Example::
 
-        >>> sorted(names_read("def f():\\n    return lr\\ny = f()", "<cell>"))
+        >>> sorted(names_read("def f():\\n    return lr\\ny = f()"))
         ['f', 'lr', 'y']
     """
-    names: set[str] = set()
-
-    def walk(code: types.CodeType):
-        names.update(code.co_names)
-        for const in code.co_consts:
-            if isinstance(const, types.CodeType):
-                walk(const)
-
-    walk(compile(source, filename, "exec"))
-    return names
+    return set(_names_of(source)[0])
 
 
-def names_assigned(source: str, filename: str) -> set[str]:
+def names_assigned(source: str) -> set[str]:
     """The global names a cell binds: top-level assignments, imports, defs, and ``global`` stores.
 
     Example::
 
-        >>> sorted(names_assigned("import os\\nx = lr\\ndef f():\\n    global g\\n    g = 1", "<cell>"))
+        >>> sorted(names_assigned("import os\\nx = lr\\ndef f():\\n    global g\\n    g = 1"))
         ['f', 'g', 'os', 'x']
     """
-    names: set[str] = set()
+    return set(_names_of(source)[1])
+
+
+@functools.lru_cache(maxsize=64)  # a live session runs the same cell text again and again (a training step)
+def _names_of(source: str) -> tuple[frozenset, frozenset]:
+    """(names read, names assigned) of ``source``, from one compile of it (keyed by the text alone: a live cell's
+    file name changes at every run, its names do not)."""
+    read: set[str] = set()
+    assigned: set[str] = set()
 
     def walk(code: types.CodeType, top: bool) -> None:
+        read.update(code.co_names)
         for ins in dis.get_instructions(code):
             if ins.opname in ("STORE_GLOBAL", "DELETE_GLOBAL") or (top and ins.opname in ("STORE_NAME", "DELETE_NAME")):
-                names.add(ins.argval)
+                assigned.add(ins.argval)
         for const in code.co_consts:
             if isinstance(const, types.CodeType):
                 walk(const, False)
 
-    walk(compile(source, filename, "exec"), True)
-    return names
+    walk(compile(source, "<nblaunch: the names of a cell>", "exec"), True)
+    return frozenset(read), frozenset(assigned)
 
 
 def function_reads(fn, ns: dict, seen: set[str] | None = None) -> set[str]:
@@ -127,9 +128,9 @@ def function_reads(fn, ns: dict, seen: set[str] | None = None) -> set[str]:
     return seen
 
 
-def cell_needs(source: str, filename: str, ns: dict) -> set[str]:
+def cell_needs(source: str, ns: dict) -> set[str]:
     """Every notebook name a cell may read, directly or through the notebook functions it calls."""
-    seen = {n for n in names_read(source, filename) if n in ns}
+    seen = {n for n in names_read(source) if n in ns}
     for name in list(seen):
         if is_notebook_function(ns[name]):
             function_reads(ns[name], ns, seen)
@@ -225,7 +226,7 @@ class Payload:
 
     def captured(self) -> dict:
         """The notebook names the cell reads, by value: what a rank that does not inherit the notebook gets."""
-        ns, read = self.namespace, names_read(self.fn.source, self.fn.filename)
+        ns, read = self.namespace, names_read(self.fn.source)
         return {n: ns[n] for n in sorted(read) if n in ns and is_notebook_name(n)}
 
     def callable_for(self, start_method: str):

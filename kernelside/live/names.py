@@ -176,8 +176,8 @@ class NameSender:
 
             >>> values, assigned = session.names.for_cell(program, notebook_namespace())   # doctest: +SKIP
         """
-        needed = cell_needs(program.source, program.filename, kernel_ns)
-        return self.collect(needed, kernel_ns), names_assigned(program.source, program.filename)
+        needed = cell_needs(program.source, kernel_ns)
+        return self.collect(needed, kernel_ns), names_assigned(program.source)
 
     def for_function(self, fn, kernel_ns: dict) -> dict[str, tuple]:
         """What a notebook function needs (it runs with each rank's namespace as globals) that the ranks lack.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import builtins
 import dataclasses
+import functools
 import linecache
 import re
 import types
@@ -118,6 +119,17 @@ def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_nam
         filename, line_offset = debugged
         debugger = ranks_debugger_address(stops_itself)
     source = "\n" * line_offset + body
+    last = _checked(source) and not ends_with_semicolon(body)
+    return CellProgram(
+        source=source, filename=filename, last_expression=last, return_names=tuple(return_names), debugger=debugger
+    )
+
+
+@functools.lru_cache(maxsize=64)  # a live session runs the same cell text again and again (a training step)
+def _checked(source: str) -> bool:
+    """Raise LaunchConfigError for what cannot run in ``source``; True when its last statement is an expression.
+    Keyed by the text alone (a live cell's file name changes at every run; no error message names it)."""
+    filename = "<the %%distributed cell>"
     try:
         tree = ast.parse(source, filename)
     except SyntaxError as e:
@@ -145,10 +157,7 @@ def prepare_cell(body: str, *, cell_label: str, line_offset: int = 1, return_nam
         compile(tree, filename, "exec")
     except SyntaxError as e:
         raise _cell_error(f"syntax error in the %%distributed cell, line {e.lineno}: {e.msg}.") from None
-    last = bool(tree.body) and isinstance(tree.body[-1], ast.Expr) and not ends_with_semicolon(body)
-    return CellProgram(
-        source=source, filename=filename, last_expression=last, return_names=tuple(return_names), debugger=debugger
-    )
+    return bool(tree.body) and isinstance(tree.body[-1], ast.Expr)
 
 
 def _at_top_level(tree: ast.Module, target: ast.AST) -> bool:

@@ -141,6 +141,7 @@ CELL_FLAGS = (
 )
 
 ALL_FLAGS = LAUNCH_FLAGS + CELL_FLAGS
+_SETTING_ATTRS = tuple(f.attr for f in ALL_FLAGS if f.key)  # where argparse puts each launch setting's value
 # schema key -> the flag that sets it, for the settings a live session fixes
 SESSION_FLAGS = {f.key: f.names[0] for f in ALL_FLAGS if f.key and f.live is OnLiveCell.SESSION}
 # schema key -> its flag, for every setting a live cell may not change (the session's, and what its ranks took)
@@ -189,5 +190,5 @@ def settings(args) -> dict:
         {'num_processes': 2, 'main_process_port': 29512}
     """
     # under the flag's own name (port, not main_process_port): an invalid value's error names the flag as written
-    given = {f.attr: getattr(args, f.attr) for f in ALL_FLAGS if f.key and hasattr(args, f.attr)}
+    given = {attr: getattr(args, attr) for attr in _SETTING_ATTRS if hasattr(args, attr)}
     return config_arguments("flag", **given)
