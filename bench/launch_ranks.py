@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
 import sys
 import time
@@ -45,11 +46,13 @@ LAUNCHERS = {
 }
 
 
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 HANG_S = 60.0  # a launch of this small function that has not ended by then never will (Accelerate's can hang)
 
 
-def _timed(k, code: str) -> float | None:
-    """Seconds the cell took, or None if the launch hung: then its processes are ended by pid and the cell waited on."""
+def _timed(k, code: str) -> float | str:
+    """Seconds the cell took, or what went wrong: a launch that hung (its processes are then ended by pid and the
+    cell waited on) or failed (its error's name and first line) is counted apart, never timed."""
     t0 = time.perf_counter()
     try:
         cell = k.run(code, timeout=HANG_S)
@@ -57,11 +60,18 @@ def _timed(k, code: str) -> float | None:
         for p in psutil.Process(k.pid).children(recursive=True):  # the hung launch's ranks (one launch at a time)
             p.kill()
         k.wait(e.cell, timeout=60)
-        return None
+        return f"never ended (ended after {HANG_S:.0f} s by pid)"
     took = time.perf_counter() - t0
     if cell.error is not None:
-        raise RuntimeError("cell failed:\n" + "\n".join(cell.error["traceback"]))
+        first = ANSI.sub("", cell.error["evalue"]).strip().splitlines()[:1]
+        return f"failed: {cell.error['ename']}: {first[0] if first else ''}"[:200]
     return took
+
+
+def _setup(k, code: str) -> None:
+    took = _timed(k, code)
+    if isinstance(took, str):
+        raise RuntimeError(f"the bench's set-up {took}")
 
 
 def slope(points: list[tuple[int, float]]) -> float:
@@ -86,18 +96,18 @@ def main() -> int:
         kernels[BEFORE] = start_kernel(pythonpath=os.path.abspath(ns.before))
         launchers[BEFORE] = LAUNCHERS["nblaunch"]
     got: dict[tuple[str, int], list[float]] = {}
-    hangs: dict[str, int] = {}
+    apart: dict[str, list[str]] = {}  # per launcher: what each launch left out of the medians was
     try:
         for k in set(kernels.values()):
-            _timed(k, SETUP)
+            _setup(k, SETUP)
         for name, code in launchers.items():  # warm-up: first imports, nblaunch's warm-up thread
             _timed(kernels[name], code.format(n=2))
         for n in sizes:
             for _ in range(runs):
                 for name, code in launchers.items():
                     took = _timed(kernels[name], code.format(n=n))
-                    if took is None:
-                        hangs[name] = hangs.get(name, 0) + 1
+                    if isinstance(took, str):
+                        apart.setdefault(name, []).append(f"{n} ranks: {took}")
                     else:
                         got.setdefault((name, n), []).append(took)
     finally:
@@ -140,10 +150,8 @@ def main() -> int:
         + ", ".join(f"{name} {s * 1000:.0f} ms" for name, s in per_rank.items())
         + f" (least squares over N = {', '.join(map(str, sizes))}).",
     ]
-    for name, count in hangs.items():
-        lines.append(
-            f"\n{name}: {count} launch(es) never ended (ended after {HANG_S:.0f} s by pid, left out of the medians)."
-        )
+    for name, what in apart.items():
+        lines.append(f"\n{name}: {len(what)} launch(es) left out of the medians: " + "; ".join(what))
     if left:
         lines.append(f"\nLeft running after the kernel's shutdown (stopped by pid): {left}")
     text = "\n".join(lines)

@@ -21,7 +21,17 @@ MAPPED = (
     "        lo, hi = (int(x, 16) for x in f[0].split('-'))\n"
     "        if lo <= ptr < hi and len(f) == 6:\n"
     "            return f[5].strip()\n"
-    "    return None"
+    "    return None\n"
+    "def private_kib(t):\n"  # the memory this process holds of its own in the mapping that holds ``t``
+    "    ptr, mine, inside = t.untyped_storage().data_ptr(), 0, False\n"
+    "    for line in open('/proc/self/smaps'):\n"
+    "        head = line.split()\n"
+    "        if '-' in head[0] and not head[0].endswith(':'):\n"
+    "            lo, hi = (int(x, 16) for x in head[0].split('-'))\n"
+    "            inside = lo <= ptr < hi\n"
+    "        elif inside and head[0] in ('Private_Dirty:', 'Anonymous:'):\n"
+    "            mine = max(mine, int(head[1]))\n"
+    "    return mine"
 )
 
 
@@ -58,9 +68,14 @@ def test_a_pushed_tensor_is_mapped_by_every_rank_and_each_ranks_changes_stay_its
     kernel.run("%distributed_push big").ok()
     assert _segments(shm) == []  # the kernel took the file away once every rank had it
     cell = kernel.run(
-        "%%distributed --return-from all --return where\nwhere = mapped_from(big)\nbig[0] = 100 + rank"
+        "%%distributed --return-from all --return where,own,own_after\nwhere = mapped_from(big)\n"
+        "total = int(big.sum())\nown = private_kib(big)\nbig[0] = 100 + rank\nown_after = private_kib(big)"
     ).ok()
     assert cell.error is None
+    # read all through, the value is still the one copy in shared memory: no rank holds a page of it of its own,
+    # and a change copies only the page it is on
+    assert eval(_out(kernel, "print(own)")) == [0, 0], _out(kernel, "print(own, own_after)")
+    assert all(0 < kib <= 64 for kib in eval(_out(kernel, "print(own_after)"))), _out(kernel, "print(own_after)")
     where = eval(_out(kernel, "print(where)"))
     assert all(w is not None and w.startswith(str(shm)) and w.endswith("(deleted)") for w in where), where
     kernel.run("%%distributed --return-from all --return first\nfirst = big[0].item()").ok()
