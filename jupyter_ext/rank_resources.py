@@ -29,6 +29,7 @@ import psutil
 
 from kernelside.nvml_devices import NvmlSampler
 from kernelside.run_contract import (
+    RESOURCES_FIGURES,
     RESOURCES_FILE,
     RESOURCES_FRESH_S,
     proc_start_time,  # the kernel's reading, the same one
@@ -37,7 +38,6 @@ from kernelside.run_contract import (
 from .run_files import RunDir, RunFileError
 
 __all__ = ["RankSampler", "is_that_process", "proc_start_time", "reported_figures"]
-REPORTED = ("cpu_percent", "rss_bytes", "gpu_index", "gpu_memory_bytes", "gpu_util_percent")
 
 
 def is_that_process(pid, recorded_start) -> bool:
@@ -111,5 +111,5 @@ def reported_figures(d: RunDir, ranks: list[dict], now: float) -> dict[int, dict
         if rank not in away or said.get("pid") != away[rank] or not isinstance(wall, (int, float)):
             continue
         if abs(now - wall) <= RESOURCES_FRESH_S:
-            found[rank] = {k: said[k] for k in REPORTED if isinstance(said.get(k), (int, float))}
+            found[rank] = {k: said[k] for k in RESOURCES_FIGURES if isinstance(said.get(k), (int, float))}
     return found

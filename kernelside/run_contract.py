@@ -71,6 +71,8 @@ RESOURCES_FILE = "resources.jsonl"
 RESOURCES_EVERY_S = 1.0  # a rank on another machine samples itself this often (worker/own_resources.py)
 RESOURCES_MAX_BYTES = 1 << 20  # then the file starts again with the last batch: only the latest counts
 RESOURCES_FRESH_S = 5.0  # the server shows a rank's own figures only while they are this recent
+# the figures a line may carry (numbers), as the server takes them of a local rank from /proc and NVML
+RESOURCES_FIGURES = ("cpu_percent", "rss_bytes", "gpu_index", "gpu_memory_bytes", "gpu_util_percent")
 FORMAT_VERSION = 1
 RUN_PREFIX = "run-"
 RUN_ID = re.compile(r"run-[0-9]{8}-[0-9]{6}-[A-Za-z0-9_]{1,64}")  # ASCII only (\\d takes "٢")

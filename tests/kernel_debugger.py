@@ -110,6 +110,12 @@ def clear_breakpoints(d: KernelDebugger, source: str) -> None:
     d.request("setBreakpoints", {"source": {"path": source}, "breakpoints": []})
 
 
+def continue_all(d: KernelDebugger, threads) -> None:
+    """Continue each of ``threads`` (stopped ranks), one request each, as the panel's Continue does."""
+    for thread in threads:
+        d.request("continue", {"threadId": thread})
+
+
 def start(k: Kernel, code: str) -> Cell:
     cell = Cell()
     cell.msg_id = k.kc.execute(code)

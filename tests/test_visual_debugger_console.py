@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from kernel import Kernel
-from kernel_debugger import KernelDebugger, clear_breakpoints, set_breakpoints, start, stopped_ranks
+from kernel_debugger import KernelDebugger, clear_breakpoints, continue_all, set_breakpoints, start, stopped_ranks
 
 pytestmark = pytest.mark.kernel  # starts kernels
 
@@ -59,8 +59,7 @@ def test_a_breakpoint_in_an_imported_file_stops_every_rank_and_the_console_evalu
         assert _evaluate(d, ranks["rank 1"], "k = 10")["success"]
     finally:
         d.request("setBreakpoints", {"source": {"path": path}, "breakpoints": []})
-        for thread in ranks.values():
-            d.request("continue", {"threadId": thread})
+        continue_all(d, ranks.values())
     k.wait(cell, 120)
     assert cell.reply["status"] == "ok", cell.outputs
     assert k.run("out").result["text/plain"] == "[6, 40]"  # rank 0: 1*2*3; rank 1: 2*2*10, its k changed
@@ -84,8 +83,7 @@ def test_step_in_enters_the_imported_file_and_step_out_comes_back_to_the_cell_fo
         assert back["source"]["path"] == source and back["line"] == 4, back
     finally:
         clear_breakpoints(d, source)
-        for thread in ranks.values():
-            d.request("continue", {"threadId": thread})
+        continue_all(d, ranks.values())
     k.wait(cell, 120)
     assert cell.reply["status"] == "ok", cell.outputs
     assert k.run("out").result["text/plain"] == "[6, 12]"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 from kernel import Kernel
-from kernel_debugger import KernelDebugger, clear_breakpoints, set_breakpoints, start, stopped_ranks
+from kernel_debugger import KernelDebugger, clear_breakpoints, continue_all, set_breakpoints, start, stopped_ranks
 
 pytestmark = pytest.mark.kernel  # starts kernels
 
@@ -28,11 +28,6 @@ def debugged(tmp_path_factory):
 
 def top_frame(d: KernelDebugger, thread: int) -> dict:
     return d.request("stackTrace", {"threadId": thread})["body"]["stackFrames"][0]
-
-
-def continue_all(d: KernelDebugger, threads) -> None:
-    for thread in threads:
-        d.request("continue", {"threadId": thread})
 
 
 def test_a_ranks_variable_shows_with_the_ranks_display_formatter_and_copies_to_the_notebooks_globals(debugged):

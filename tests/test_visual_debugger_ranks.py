@@ -12,6 +12,7 @@ from kernel import Kernel
 from kernel_debugger import (
     KernelDebugger,
     clear_breakpoints,
+    continue_all,
     frame_variables,
     set_breakpoints,
     start,
@@ -50,8 +51,7 @@ def test_a_breakpoint_on_line_3_stops_both_ranks_with_their_rank_and_locals(debu
             assert "secret" not in local  # line 3 has not run yet
     finally:
         clear_breakpoints(d, source)
-        for thread in ranks.values():
-            d.request("continue", {"threadId": thread})
+        continue_all(d, ranks.values())
     k.wait(cell, 120)
     assert cell.reply["status"] == "ok", cell.outputs
     assert k.run("here").result["text/plain"] == "[0, 10]"
@@ -108,8 +108,7 @@ def test_next_steps_one_rank_while_the_other_stays_stopped(debugged):
         assert frame1["line"] == 2 and "walked" not in local1, (frame1, local1)
     finally:
         clear_breakpoints(d, source)
-        for thread in ranks.values():
-            d.request("continue", {"threadId": thread})
+        continue_all(d, ranks.values())
     k.wait(cell, 120)
     assert cell.reply["status"] == "ok", cell.outputs
     assert k.run("walked").result["text/plain"] == "[100, 101]"
@@ -213,8 +212,7 @@ def test_a_live_session_stops_on_breakpoints_across_cells_with_every_ranks_state
                     frame, local = frame_variables(d, thread)
                     assert frame["line"] == 3 and local[name] == str(want(int(label.split()[1]))), (frame, local)
             finally:
-                for thread in ranks.values():
-                    d.request("continue", {"threadId": thread})
+                continue_all(d, ranks.values())
             k.wait(cell, 120)
             assert cell.reply["status"] == "ok", cell.outputs
         assert k.run("total").result["text/plain"] == "[10, 12]"
@@ -238,8 +236,7 @@ def test_a_breakpoint_in_a_notebook_function_stops_the_ranks_notebook_launcher_r
             assert (frame["name"], frame["line"], local["local_value"]) == ("train", 3, "6"), (frame, local)
     finally:
         clear_breakpoints(d, source)
-        for thread in ranks.values():
-            d.request("continue", {"threadId": thread})
+        continue_all(d, ranks.values())
     k.wait(cell, 120)
     assert cell.result["text/plain"] == "6", cell.outputs
 
@@ -275,8 +272,7 @@ def test_a_live_session_started_before_any_breakpoint_stops_once_one_is_set(debu
                 assert local["later"] == str(int(label.split()[1]) * 3 + 1), local
         finally:
             clear_breakpoints(d, source)
-            for thread in ranks.values():
-                d.request("continue", {"threadId": thread})
+            continue_all(d, ranks.values())
         k.wait(cell, 120)
         assert cell.reply["status"] == "ok", cell.outputs
         assert k.run("later").result["text/plain"] == "[1, 4]"

@@ -29,10 +29,9 @@ import time
 from ..debugger.undebugged import undebugged
 from ..engines.local_group import close_quietly
 from ..private_dir import open_in, replace_in, write_in
-from ..run_contract import RESOURCES_EVERY_S, RESOURCES_FILE, RESOURCES_MAX_BYTES
+from ..run_contract import RESOURCES_EVERY_S, RESOURCES_FIGURES, RESOURCES_FILE, RESOURCES_MAX_BYTES
 
 MAX_LINE = 4096  # a rank's line is a few dozen bytes: more without a newline is not a rank's
-FIGURES = ("cpu_percent", "rss_bytes", "gpu_index", "gpu_memory_bytes", "gpu_util_percent")
 _TMP = ".resources.jsonl.tmp"
 
 
@@ -148,7 +147,7 @@ class RankReports:
             except (ValueError, UnicodeDecodeError, RecursionError):
                 continue
             if isinstance(said, dict):
-                figures = {k: said[k] for k in FIGURES if isinstance(said.get(k), (int, float))}
+                figures = {k: said[k] for k in RESOURCES_FIGURES if isinstance(said.get(k), (int, float))}
                 rank, pid = entry[0], entry[1]
                 self._latest[rank] = {"kind": "resources", "rank": rank, "pid": pid, "wall": now, **figures}
                 if isinstance(figures.get("rss_bytes"), int):
