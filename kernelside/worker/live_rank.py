@@ -51,8 +51,9 @@ class _LiveRankState:
     req: int | None = None  # the request running now
     last: int | None = None  # the last request started
     replies: int = -1
-    # (request id, where_main) where SIGINT stopped the main thread: the answer to a ``where`` read after the
-    # request has already ended (the reader thread may get the CPU only once the interrupted request is over)
+    # (request id, where_main) where SIGINT stopped the main thread (``NOT_STARTED`` before the request's code
+    # began): the answer to a ``where`` read after the request has already ended (the reader thread may get the
+    # CPU only once the interrupted request is over)
     stopped_at: tuple[int, dict] | None = None
     # set by the reader thread's abort (a peer's abort may be felt before it)
     abort_seen: threading.Event = dataclasses.field(default_factory=threading.Event)
@@ -62,6 +63,7 @@ class _LiveRankState:
 # rebuilt from the kernel (which take no session argument) must see this rank's state.
 LIVE_RANK = _LiveRankState()
 CONTROL_KINDS = ("abort", "where")
+NOT_STARTED = {"line": None, "collective": None, "seq": None}  # where a rank stopped before a request's code began
 # NCCL's watchdog must not end a live rank whose communicator the kernel aborted (worker.live_rescue): with
 # torch's default (3) it may end the process on the aborted work; torch's _abort_process_group asks for 0.
 # A collective that fails on its own then waits until the cell is stopped (■, --timeout, a peer's failure).
@@ -242,8 +244,9 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
 
     def work():
         LIVE_RANK.busy = True
-        if LIVE_RANK.pending:
+        if LIVE_RANK.pending:  # stopped before its code began: the answer to a ``where`` read after it ends
             LIVE_RANK.pending = False
+            LIVE_RANK.stopped_at = (req["id"], NOT_STARTED)
             raise KeyboardInterrupt
         try:
             return fn(*args, **kwargs)
