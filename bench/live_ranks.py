@@ -5,7 +5,8 @@
     python -m bench.live_ranks --before ../main # also another checkout, in a kernel of its own, interleaved
 
 For each size N a live session of N ranks (fork, gloo) is started in the kernel, and three cells are run
-interleaved, the order turning round each time so that drift hits them alike: a plain kernel cell
+interleaved, in a new shuffled order each round (seeded: the same in every run) so that drift, and the
+cell that runs just before (an 8-rank cell leaves the 2 cores busy for a moment), hit them alike: a plain kernel cell
 ``x = 1`` (the floor: the kernel's own round trip), ``%%distributed`` ``x = 1`` and a ``%%distributed``
 cell doing one ``all_reduce``. Wall time from execute_request to the kernel's idle, as a notebook sees
 it; medians; the ratio to the plain cell's median of the same size. Targets: live ``x = 1`` within 1.3x at
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import random
 import statistics
 import time
 
@@ -42,8 +44,9 @@ def _timed(k, code: str) -> float:
 
 def measure(kernels: dict, n: int, cells: int, *, flags: str = "", kinds: dict | None = None) -> dict:
     """Interleaved wall times of the cells (``kinds``, by default the three above) on a live session of ``n`` ranks
-    started with ``flags`` in each kernel (``{label: kernel}``): cell by cell, kernel by kernel, the order turning
-    round each time, so that the machine's load hits every cell and every checkout alike. ``{label: {cell: [s]}}``."""
+    started with ``flags`` in each kernel (``{label: kernel}``): cell by cell, kernel by kernel, in a new seeded
+    shuffle each round, so that the machine's load hits every cell and every checkout alike.
+    ``{label: {cell: [s]}}``."""
     kinds = kinds or KINDS
     for k in kernels.values():
         run_cell(k, f"%distributed_start -n {n} {flags}".strip(), timeout=300)
@@ -55,8 +58,10 @@ def measure(kernels: dict, n: int, cells: int, *, flags: str = "", kinds: dict |
                     _timed(k, code)
         got = {label: {name: [] for name in kinds} for label in kernels}
         order = [(label, name) for name in kinds for label in kernels]
-        for i in range(cells):
-            for label, name in order if i % 2 == 0 else reversed(order):
+        shuffle = random.Random(n).shuffle  # (turning the order round instead put one kernel's plain cell
+        for _ in range(cells):  # always after a plain one, the other's after a live one: 0.5 ms apart at 8 ranks)
+            shuffle(order)
+            for label, name in order:
                 got[label][name].append(_timed(kernels[label], kinds[name]))
         return got
     finally:

@@ -230,3 +230,51 @@ stats = {"losses": [1.0, 0.5], "t": torch.ones(2)}
 """).ok()
     check = kernel.run("print(type(model).__name__, stats['losses'], stats['t'].tolist())").ok()
     assert check.stdout == "Net [1.0, 0.5] [1.0, 1.0]\n"
+
+
+# -- live ranks: the agreement is keyed by the cell, and the kernel keeps no record of it -------------------------
+STORE_KEYS = "from kernelside.live.session import current\nprint(current().world.store.num_keys())"
+
+
+@pytest.fixture
+def live(kernel):
+    kernel.run("%distributed_start -n 2").ok()
+    yield kernel
+    kernel.run("%distributed_stop").ok()
+
+
+def test_a_live_rank_that_failed_a_cell_its_peer_ended_still_agrees_with_it_on_the_next_sharded_value(live):
+    failed = live.run("%%distributed\nif rank == 1:\n    time.sleep(0.5)\n    raise ValueError('rank 1 only')")
+    assert "rank 1 failed: ValueError: rank 1 only" in "\n".join(failed.error["traceback"])
+    t0 = time.monotonic()
+    cell = live.run(
+        "%%distributed\ndt = distribute_tensor(torch.arange(8.0).reshape(4, 2), init_device_mesh('cpu', (2,)), "
+        "[Shard(0)])\ndt",
+        timeout=60,
+    ).ok()  # (rank 0 had agreed once more than rank 1: counted per process, the two waited on different records)
+    assert time.monotonic() - t0 < 30
+    check = live.run("print(type(_) is torch.Tensor, torch.equal(_, torch.arange(8.0).reshape(4, 2)))").ok()
+    assert _lines(check) == ["True", "True"], cell.outputs
+
+
+def test_a_live_sharded_value_on_rank_0_only_is_a_clear_error_and_the_ranks_keep_their_state(live):
+    live.run("%%distributed\nkept = rank + 40\nmesh = init_device_mesh('cpu', (2,))").ok()
+    t0 = time.monotonic()
+    cell = live.run(
+        "%%distributed\ndt = distribute_tensor(torch.ones(4, 2), mesh, [Shard(0)])\ndt if rank == 0 else None"
+    )
+    text = "\n".join(cell.error["traceback"])
+    assert time.monotonic() - t0 < 30
+    assert "ShardedResultError: the ranks return different sharded values: rank 0 returns a DTensor" in text
+    assert "rank 1 returns nothing sharded there" in text
+    after = live.run("%%distributed --return-from all --return kept\npass").ok()
+    assert live.run("print(kept)").ok().stdout == "[40, 41]\n", after.outputs
+
+
+def test_live_cells_leave_no_record_of_their_agreement_in_the_kernels_store(live):
+    live.run("%%distributed\nx = 1").ok()
+    before = int(live.run(STORE_KEYS).ok().stdout)
+    for _ in range(5):
+        live.run("%%distributed\nx = rank").ok()
+    live.run("%%distributed\ndistribute_tensor(torch.ones(4, 2), init_device_mesh('cpu', (2,)), [Shard(0)])").ok()
+    assert int(live.run(STORE_KEYS).ok().stdout) == before  # (two records a cell, for the session's life, before)

@@ -20,6 +20,7 @@ import socket
 from ..debugger.kernel_proxy import ranks_debugger_address
 from ..worker import before_fork
 from ..worker.entry import RankStart
+from ..worker.gather_agreement import RUN, GatherRelay
 from ..worker.lifecycle import RankSpec
 from ..worker.result_segments import SegmentFolder
 from ..worker.stack_answer import stacks_path
@@ -111,6 +112,7 @@ class LocalEngine(Engine):
                 leaves_with_exit=True,  # worker/entry.py: os._exit, no destructor runs
                 stacks_file=stacks_path(self.log_dir, r),
                 result_segments=self.segments or "",
+                gather_relay=True,  # the kernel holds the store (start_ranks)
             )
             for r in range(plan.num_processes)
         ]
@@ -158,6 +160,10 @@ class LocalEngine(Engine):
     def stop(self) -> None:
         if self.group is not None:  # (None: stopped before any rank started)
             self.group.signal_all(signal.SIGTERM)  # close() follows with SIGKILL after the grace period
+
+    def observe(self, observers) -> None:
+        relay = GatherRelay(lambda: self.store, RUN, self.plan.num_processes)  # the ranks' agreement on shards
+        observers.watch(relay.on_done, kinds=("done",))
 
     def poll(self, recorder, wait_s: float) -> bool:
         if self.loop is None:

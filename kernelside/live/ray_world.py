@@ -259,6 +259,7 @@ class RayWorld(WorldBase):
             env=env,
             leaves_with_exit=True,  # (worker.ray_live_rank: os._exit, as a local rank)
             group_gen=gen,
+            gather_relay=True,  # the kernel holds the store
         )
 
     def close(self, grace: float) -> None:

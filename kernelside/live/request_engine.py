@@ -43,6 +43,7 @@ from ..errors import CellInterrupted
 from ..rank_place import place_line
 from ..run_contract import RankState, RunState
 from ..short_traceback import first_line
+from ..worker.gather_agreement import GatherRelay
 from .world import KEPT_WORLD, Verdict, WorldFate
 
 SETTLE_S = 2.0  # a rank not back this long after a stop is named in the cell as still awaited (never given up on)
@@ -81,6 +82,7 @@ class LiveRunEngine(Engine):
         self.rebuilding: int | None = None  # the generation the ranks are rebuilding the group to
         self.awaited_said = False  # the cell was told which rank it still waits for
         self.given_up = False  # ■ again while ranks were still coming back: the user wants no more waiting
+        self.relay = GatherRelay(lambda: session.world.store, str(req_id), session.plan.num_processes)
 
     @property
     def rank_logs_made(self) -> bool:
@@ -119,6 +121,7 @@ class LiveRunEngine(Engine):
 
     def observe(self, observers) -> None:
         observers.watch(self.on_event, kinds=("where", "waiting", "idle"))
+        observers.watch(self.relay.on_done, kinds=("done",))  # the ranks' agreement on sharded values
 
     def on_event(self, rank: int, kind: str, payload) -> None:
         """What this request watches: where a stopped rank was; a rank waiting long in a collective; a rank
@@ -163,6 +166,7 @@ class LiveRunEngine(Engine):
         it. (Not for the start's own run: ranks that cannot come up are the session's, ``LiveSession._bring_up``.)"""
         if self.loop is not None:
             self.loop.finish()
+        self.relay.forget()
         if not self.req_id:
             return
         if recorder.report.state is not RunState.INTERRUPTED and not self.mismatch:

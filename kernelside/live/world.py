@@ -269,6 +269,11 @@ class World(WorldBase):
     def segments(self):
         return self.engine.segments
 
+    @property
+    def store(self):
+        """The rendezvous store (the kernel's TCPStore), or None before the ranks start."""
+        return self.engine.store if self.engine is not None else None
+
     def start(self) -> dict:
         """Start the processes (they come up in the session's start-up request); the namespace they inherit."""
         fork = self.plan.start_method == "fork"

@@ -29,6 +29,7 @@ from ..short_traceback import is_nblaunch_file
 from . import (
     accelerate_ranks,
     context,
+    gather_agreement,
     group_owner,
     lightning_bars,
     live_rescue,
@@ -69,6 +70,9 @@ class RankSpec:
     result_segments: str = ""  # the launch's shared-memory folder for big return values (result_segments.py)
     debugger: str = ""  # the kernel's address for this rank's debugger (JupyterLab's panel on); "" for none
     group_gen: int = 0  # a lost rank's replacement: it joins its peers' default group rebuilt in place as this one
+    gather_relay: bool = (
+        False  # the kernel holds the store: it records a rank holding nothing sharded (gather_agreement)
+    )
 
     @classmethod
     def build(
@@ -85,6 +89,7 @@ class RankSpec:
         stacks_file: str = "",
         result_segments: str = "",
         group_gen: int = 0,
+        gather_relay: bool = False,
     ) -> RankSpec:
         """The one place a rank's spec is made: the launch-wide settings (``engines.contract.launch_settings``,
         plain data that travels to any engine's workers) plus who this rank is.
@@ -112,6 +117,7 @@ class RankSpec:
             result_segments=result_segments,
             debugger=launch.get("debugger", ""),
             group_gen=group_gen,
+            gather_relay=gather_relay,
         )
 
 
@@ -242,15 +248,23 @@ def start_rank(spec: RankSpec, events, namespaces=(), replies_fd: int = -1) -> R
         return RankEnd(1, e)
 
 
-def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
-    """Run one piece of user code on a set-up rank: ``done`` and the result, or the error, as events."""
+def run_work(spec: RankSpec, fn, args, kwargs, events, run: str = gather_agreement.RUN) -> RankEnd:
+    """Run one piece of user code on a set-up rank: ``done`` and the result, or the error, as events. ``run``: the
+    same on every rank of this run (a live cell's request id), for the agreement on sharded values."""
     phase = "run"
+    keep = spec.return_result
     try:
-        value = fn(*args, **kwargs)
+        value = unwrap_for_return(fn(*args, **kwargs))
         progress.finish_in_worker()
-        events.send("done", stamp())
         phase = "result gather"  # every rank: sharded values (FSDP, DTensor) are gathered together
-        value = sharded_results.gather_for_return(unwrap_for_return(value), keep=spec.return_result)
+        found = None
+        try:
+            found = sharded_results.find_gathers(value)  # (a value that cannot be gathered raises: after ``done``)
+        finally:
+            sharded = found is not None and bool(found.gathers)
+            relayed = gather_agreement.done_fields(sharded, keep) if spec.gather_relay else {}
+            events.send("done", {**stamp(), **relayed})
+        value = sharded_results.gather_for_return(value, keep=keep, run=run, relay=spec.gather_relay, found=found)
         phase = "result"
         if spec.return_result:
             events.send_result(dumps_result(value, spec.result_segments, spec.rank))
@@ -262,7 +276,7 @@ def run_work(spec: RankSpec, fn, args, kwargs, events) -> RankEnd:
         elif phase == "run":
             rank_departure.announce(events, e)  # peers still in a collective will blame this
         if phase == "run":
-            sharded_results.leave()  # no peer waits for this rank's part of a gather
+            sharded_results.leave(run, spec.gather_relay)  # no peer waits for this rank's part of a gather
         return RankEnd(code, e if code else None)
     except BaseException as e:  # noqa: B036 - every failure must reach the kernel
         if phase == "result":

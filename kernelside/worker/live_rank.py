@@ -261,4 +261,4 @@ def _serve(spec, events, req: dict, namespace: dict) -> None:
         finally:
             LIVE_RANK.busy = False
 
-    run_work(rank_spec, work, (), {}, events)
+    run_work(rank_spec, work, (), {}, events, run=str(req["id"]))  # (the request's id: the same on every rank)

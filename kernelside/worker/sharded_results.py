@@ -9,8 +9,9 @@ between the launched code's return and rank 0 sending its value. It is a collect
    FSDP1 units. What cannot be gathered (a tensor-parallel module, an FSDP1 flat parameter on
    its own) is an error naming where it sits and what to return instead.
 2. *agree* (through the process group's store, so a rank still busy never trips a collective
-   timeout): every rank posts its list; unless all lists match, every rank raises, naming the
-   first difference. Ranks not asked to return still take part.
+   timeout; ``gather_agreement``): every rank's list is recorded there (by the kernel, for a rank
+   holding nothing sharded whose store is the kernel's); unless all lists match, every rank that
+   gathers raises, naming the first difference. Ranks not asked to return still take part.
 3. *gather* (collective): parameter by parameter (``DTensor.full_tensor()``, FSDP1's full state
    dict unit by unit), straight to CPU, so no rank holds more than one full copy; only the ranks
    that return keep what they gather.
@@ -32,15 +33,15 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
-import itertools
+import os
 import pickle
 import types
 
+from . import gather_agreement as agreement
 from .cell_values import CellValues
 from .shard_classes import torch_classes
 from .sharded_rebuild import HOOK_DICTS, Rebuilder, hook_origin, rebuild_fsdp1
 
-_calls = itertools.count()  # every rank calls once per run, so the n-th call agrees on the same store keys
 _ATOMIC = (int, float, complex, bool, str, bytes, bytearray, type(None), range, slice)
 _ATOMIC_TYPES = frozenset(_ATOMIC)
 _AGREE_WAIT = datetime.timedelta(days=7)  # ranks wait for the slowest; a failed rank gets them stopped by the kernel
@@ -220,26 +221,41 @@ def _describe(entry) -> str:
     return f"an FSDP1 model ({meta[0]}, {meta[1]} FSDP units) at {path}"
 
 
-def _post(dist, gathers: list[_Gather], keep: bool, left: bool = False):
-    """Post this rank's list of gathers to the store; returns (store, the keys of every rank) or None."""
+def _store(dist, relay: bool):
+    """The store the records go to: the default group's (None: another kind of process group, no check), or, when
+    relayed, the rendezvous store under it, the kernel's (None if it is not: the user's own group, not relayed)."""
     try:
         store = dist.distributed_c10d._get_default_store()
     except Exception:
-        return None  # no c10d store (another kind of process group): gather without the check
-    prefix = f"nblaunch/result-gather/{next(_calls)}/"
-    mine = ([(g.kind, g.meta) for g in gathers], [g.path for g in gathers], keep, left)
-    store.set(prefix + str(dist.get_rank()), pickle.dumps(mine))
-    return store, [prefix + str(r) for r in range(dist.get_world_size())]
+        return None, False
+    if not relay:
+        return store, False
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    kernels = str(getattr(store, "port", "")) == os.environ.get("MASTER_PORT")
+    return store, kernels
 
 
-def _agree(dist, gathers: list[_Gather], keep: bool) -> set[int]:
+def _post(dist, gathers: list[_Gather], keep: bool, run: str, relay: bool, left: bool = False):
+    """This rank's record (``gather_agreement``), written unless the kernel writes it; returns (store, the keys of
+    every rank) or None when there is no store to agree through."""
+    store, relayed = _store(dist, relay)
+    if store is None:
+        return None
+    if gathers or left or not relayed:  # relayed and nothing sharded: the kernel writes it if a peer gathers
+        sharded = [(g.kind, g.meta) for g in gathers]
+        store.set(agreement.key(run, dist.get_rank()), agreement.record(sharded, [g.path for g in gathers], keep, left))
+    return store, [agreement.key(run, r) for r in range(dist.get_world_size())]
+
+
+def _agree(dist, gathers: list[_Gather], keep: bool, run: str, relay: bool) -> set[int]:
     """Every rank's list of gathers must match; returns the ranks that keep the result.
 
-    Every rank posts, but only a rank with something to gather waits for the others: a run with
-    nothing sharded never waits here (so a rank that is slow, or ends by ``os._exit``, costs nothing),
-    and a rank that gathers always learns what its peers hold before the first collective.
+    Only a rank with something to gather waits for the others' records: a run with nothing sharded never
+    waits here (so a rank that is slow, or ends by ``os._exit``, costs nothing), and a rank that gathers
+    always learns what its peers hold before the first collective.
     """
-    posted = _post(dist, gathers, keep)
+    posted = _post(dist, gathers, keep, run, relay)
     if posted is None or not gathers:
         return {dist.get_rank()} if keep else set()
     store, keys = posted
@@ -265,13 +281,13 @@ def _agree(dist, gathers: list[_Gather], keep: bool) -> set[int]:
     return {r for r, other in enumerate(lists) if other[2]}
 
 
-def leave() -> None:
+def leave(run: str = agreement.RUN, relay: bool = False) -> None:
     """A rank that ends without reaching ``gather_for_return`` (``sys.exit``) says so, so no peer waits for it."""
     try:
         import torch.distributed as dist
 
         if dist.is_initialized() and dist.get_world_size() > 1:
-            _post(dist, [], keep=False, left=True)
+            _post(dist, [], keep=False, run=run, relay=relay, left=True)
     except Exception:
         pass  # the rank is leaving anyway; a peer that gathers then fails on the missing rank's exit
 
@@ -323,8 +339,23 @@ def _roots(value) -> tuple[list[int], list[tuple[object, str]]]:
     return [id(value)], [(value, "result")]
 
 
-def gather_for_return(value, *, keep: bool):
-    """Make ``value`` whole on the ranks that ``keep`` it (None elsewhere). Every rank must call it.
+def find_gathers(value) -> _Finder | None:
+    """Step 1: what ``value`` holds sharded (None when nothing can be: no module of sharded classes is loaded)."""
+    classes = torch_classes()
+    if "dtensor" not in classes and "fsdp1" not in classes:  # neither ever imported here: nothing here is sharded
+        return None
+    finder = _Finder(classes)
+    finder.stack, named = _roots(value)
+    for obj, name in named:
+        finder.visit(obj, name)
+    finder.mark_paths()
+    return finder
+
+
+def gather_for_return(value, *, keep: bool, run: str = agreement.RUN, relay: bool = False, found=False):
+    """Make ``value`` whole on the ranks that ``keep`` it (None elsewhere). Every rank must call it. ``run``: the
+    same on every rank of the run (``gather_agreement``); ``relay``: the kernel writes the record of a rank holding
+    nothing sharded; ``found``: ``find_gathers(value)``, when the caller has it already.
 
     Example::
 
@@ -332,15 +363,8 @@ def gather_for_return(value, *, keep: bool):
     """
     import torch.distributed as dist
 
-    classes = torch_classes()
-    gathers: list[_Gather] = []
-    if "dtensor" in classes or "fsdp1" in classes:  # neither ever imported here: nothing here is sharded
-        finder = _Finder(classes)
-        finder.stack, named = _roots(value)
-        for obj, name in named:
-            finder.visit(obj, name)
-        finder.mark_paths()
-        gathers = finder.gathers
+    finder = find_gathers(value) if found is False else found
+    gathers: list[_Gather] = finder.gathers if finder is not None else []
     if not dist.is_available() or not dist.is_initialized():
         if gathers:
             raise ShardedResultError(
@@ -348,9 +372,10 @@ def gather_for_return(value, *, keep: bool):
                 "could be gathered. Leave destroy_process_group() to nblaunch (it runs after the gather)."
             )
         return value if keep else None
-    keepers = _agree(dist, gathers, keep) if dist.get_world_size() > 1 else {0}
+    keepers = _agree(dist, gathers, keep, run, relay) if dist.get_world_size() > 1 else {0}
     if not gathers:
         return value if keep else None
+    classes = finder.cls
     gathered: dict[int, object] = {}
     for g in finder.gathers:
         if g.kind == "dtensor":
