@@ -33,12 +33,12 @@ def _plugin_means_deepspeed(module) -> None:
     if cls is None or getattr(cls.__init__, "_nblaunch_deepspeed", False):
         return
     original = cls.__init__
-    signature = inspect.signature(original)
+    signature = functools.cache(lambda: inspect.signature(original))  # at the first Accelerator(), not every start
 
     @functools.wraps(original)
     def __init__(self, *args, **kwargs):
         try:
-            asked = signature.bind_partial(self, *args, **kwargs).arguments
+            asked = signature().bind_partial(self, *args, **kwargs).arguments
         except TypeError:  # Accelerate itself will say what is wrong with the arguments
             asked = {}
         plugin = asked.get("deepspeed_plugin", asked.get("deepspeed_plugins"))

@@ -34,6 +34,7 @@ Example::
 from __future__ import annotations
 
 import datetime
+import functools
 import inspect
 
 from ..debugger import rank_side
@@ -75,12 +76,12 @@ def take_over(namespaces, own_destroy: bool = True) -> None:
 
 
 def _owned_init(original, dist, c10d):
-    signature = inspect.signature(original)
+    signature = functools.cache(lambda: inspect.signature(original))  # at the first call: most ranks make none
 
     def init_process_group(*args, **kwargs):
         if dist.is_initialized():
             try:
-                timeout = signature.bind_partial(*args, **kwargs).arguments.get("timeout")
+                timeout = signature().bind_partial(*args, **kwargs).arguments.get("timeout")
             except TypeError:
                 timeout = None  # arguments torch itself would refuse: the group is up, nothing to take from them
             # the caller's collective timeout holds for nblaunch's group; torch's own default, which libraries
