@@ -70,9 +70,7 @@ class RankSpec:
     result_segments: str = ""  # the launch's shared-memory folder for big return values (result_segments.py)
     debugger: str = ""  # the kernel's address for this rank's debugger (JupyterLab's panel on); "" for none
     group_gen: int = 0  # a lost rank's replacement: it joins its peers' default group rebuilt in place as this one
-    gather_relay: bool = (
-        False  # the kernel holds the store: it records a rank holding nothing sharded (gather_agreement)
-    )
+    gather_relay: bool = False  # the kernel holds the store and records a rank with nothing sharded (gather_agreement)
 
     @classmethod
     def build(

@@ -222,18 +222,20 @@ def _describe(entry) -> str:
 
 
 def _store(dist, relay: bool):
-    """The store the records go to: the default group's (None: another kind of process group, no check), or, when
-    relayed, the rendezvous store under it, the kernel's (None if it is not: the user's own group, not relayed)."""
+    """(The store the records go to, whether the kernel writes those of ranks holding nothing sharded): the default
+    group's store (None: another kind of process group, no check), or, relayed, the rendezvous store under it when
+    that is the kernel's (not when the user's code made the group on a store of its own)."""
     try:
         store = dist.distributed_c10d._get_default_store()
     except Exception:
         return None, False
-    if not relay:
-        return store, False
-    while isinstance(store, dist.PrefixStore):
-        store = store.underlying_store
-    kernels = str(getattr(store, "port", "")) == os.environ.get("MASTER_PORT")
-    return store, kernels
+    if relay:
+        base = store
+        while isinstance(base, dist.PrefixStore):
+            base = base.underlying_store
+        if str(getattr(base, "port", "")) == os.environ.get("MASTER_PORT"):
+            return base, True
+    return store, False
 
 
 def _post(dist, gathers: list[_Gather], keep: bool, run: str, relay: bool, left: bool = False):
