@@ -34,6 +34,13 @@ def test_a_quick_live_cell_sends_only_what_it_prints_returns_or_raises(kernel):
     assert _widget_models(cell) == []
 
 
+def test_a_cell_on_one_rank_of_the_session_prints_its_lines_named_by_rank_and_draws_no_tab(kernel):
+    # (--ranks 1 shows every line of the ranks it runs on: one rank's need no tab, and no empty tab of rank 0)
+    cell = kernel.run("%%distributed --ranks 1\nprint('on', rank)").ok()
+    assert cell.stdout == "[rank 1] on 1\n"
+    assert _widget_models(cell) == [] and not any(k == "display_data" for k, _ in cell.outputs)
+
+
 def test_a_live_cell_with_a_bar_or_a_metric_draws_them(kernel):
     cell = kernel.run("%%distributed\nfor i in progress(range(4)):\n    pass").ok()
     assert "FloatProgressModel" in _widget_models(cell)

@@ -1,5 +1,6 @@
 """--output all in a notebook: a tab per rank in the cell (rank 0 first) instead of interleaved lines; each tab
-holds its rank's stdout and stderr; without widgets the lines stay [rank N]-prefixed (test_launcher)."""
+holds its rank's stdout and stderr; without widgets the lines stay [rank N]-prefixed (test_launcher). A live cell
+on some of the session's ranks (--ranks) has a tab for each of those only."""
 
 from __future__ import annotations
 
@@ -35,3 +36,15 @@ def test_each_rank_has_its_own_tab_with_its_lines_and_rank_0_is_shown_first(kern
     tab_id = next(c for c, s in states.items() if s.get("_model_name") == "TabModel")
     box = next(s for s in states.values() if f"IPY_MODEL_{tab_id}" in s.get("children", []) and s is not tab)
     assert box["children"].index(f"IPY_MODEL_{tab_id}") == 2 and len(box["children"]) == 4, box["children"]
+
+
+def test_a_live_cell_on_some_ranks_has_a_tab_for_each_of_those_ranks_only(kernel):
+    kernel.run("%distributed_start -n 3").ok()
+    try:
+        cell = kernel.run("%%distributed --ranks 1,2 --output all\nprint(f'rank {rank} here', flush=True)").ok()
+    finally:
+        kernel.run("%distributed_stop").ok()
+    tab = next(s for s in _states(cell).values() if s.get("_model_name") == "TabModel")
+    assert tab["titles"] == ["rank 1", "rank 2"] and tab["selected_index"] == 0
+    pages = [_states(cell)[c.removeprefix("IPY_MODEL_")]["value"] for c in tab["children"]]
+    assert "rank 1 here" in pages[0] and "rank 2 here" in pages[1] and "rank 0" not in "".join(pages)

@@ -1,11 +1,12 @@
-"""``output="all"`` in a notebook: one tab per rank in the cell instead of interleaved ``[rank N]`` lines, rank 0
-first. Each tab shows its rank's latest output (its last ``KEEP_CHARS``; the log file has every line), redrawn
-at most ``REDRAW_S`` apart. The tabs are ipywidgets, so the tab a user picked is stored with the notebook and
-shown again when it is reopened.
+"""``output="all"`` in a notebook: one tab per rank in the cell instead of interleaved ``[rank N]`` lines, lowest
+rank first: the ranks the cell runs on (a live cell's ``--ranks``), never an empty tab of a rank left out. Each
+tab shows its rank's latest output (its last ``KEEP_CHARS``; the log file has every line), redrawn at most
+``REDRAW_S`` apart. The tabs are ipywidgets, so the tab a user picked is stored with the notebook and shown again
+when it is reopened.
 
 Example::
 
-    >>> tabs = RankOutputTabs(2)                                   # doctest: +SKIP
+    >>> tabs = RankOutputTabs((0, 1))                              # doctest: +SKIP
     >>> tabs.write(1, "stdout", "hello from rank 1\\n"); tabs.tick(force=True)
 """
 
@@ -25,19 +26,21 @@ _PRE = (
 class RankOutputTabs:
     """A Tab widget with each rank's output; ``write`` is called by the output router, ``tick`` by the loop."""
 
-    def __init__(self, world_size: int):
+    def __init__(self, ranks):
+        """``ranks``: the ranks the cell runs on, a tab each, in this order."""
         import ipywidgets as w
 
-        self.texts = [""] * world_size
-        self.cut = [False] * world_size  # older output of the rank was dropped from its tab (it is in the log)
+        ranks = sorted(ranks)
+        self.texts = dict.fromkeys(ranks, "")
+        self.cut = dict.fromkeys(ranks, False)  # older output of the rank was dropped from its tab (it is in the log)
         self.dirty: set[int] = set()
-        self.pages = [w.HTML(value=_PRE + "</pre>") for _ in range(world_size)]
-        self.widget = w.Tab(children=self.pages, selected_index=0, layout=w.Layout(width="100%"))
+        self.pages = {r: w.HTML(value=_PRE + "</pre>") for r in ranks}
+        self.widget = w.Tab(children=list(self.pages.values()), selected_index=0, layout=w.Layout(width="100%"))
         self.widget.add_class("nblaunch-rank-tabs")
-        for page in self.pages:
+        for page in self.pages.values():
             page.add_class("nblaunch-rank-page")
-        for r in range(world_size):
-            self.widget.set_title(r, f"rank {r}")
+        for i, r in enumerate(ranks):
+            self.widget.set_title(i, f"rank {r}")
         self.last_draw = 0.0
 
     def show(self) -> None:
@@ -46,6 +49,8 @@ class RankOutputTabs:
         display(self.widget)
 
     def write(self, rank: int, stream: str, text: str) -> None:
+        if rank not in self.texts:
+            return  # (a rank the cell does not run on prints nothing for it)
         piece = html.escape(text)
         if stream == "stderr":
             piece = f'<span style="color: var(--jp-error-color1, #c00)">{piece}</span>'
@@ -67,6 +72,7 @@ class RankOutputTabs:
         self.dirty.clear()
 
 
-def make_rank_tabs(world_size: int, output: str, widgets: bool) -> RankOutputTabs | None:
-    """Tabs for ``output="all"`` where widgets render; None otherwise (lines stay ``[rank N]``-prefixed)."""
-    return RankOutputTabs(world_size) if widgets and output == "all" and world_size > 1 else None
+def make_rank_tabs(ranks, output: str, widgets: bool) -> RankOutputTabs | None:
+    """Tabs for ``output="all"`` over ``ranks`` (those the cell runs on) where widgets render and more than one rank
+    runs it; None otherwise (lines stay ``[rank N]``-prefixed: one rank's need no tab to tell them apart)."""
+    return RankOutputTabs(ranks) if widgets and output == "all" and len(ranks) > 1 else None

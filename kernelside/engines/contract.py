@@ -105,6 +105,8 @@ class Engine(abc.ABC):
     #: True: every rank's log file exists already (a live session's request: its start made them), so the
     #: output router does not make them again for this run
     rank_logs_made = False
+    #: the ranks this run's code runs on (a live cell's ``--ranks``); None: every rank of the world
+    ranks: tuple[int, ...] | None = None
 
     def prepare(self) -> int | None:
         """Before the report exists: what ranks need from the kernel first; returns the rendezvous port."""

@@ -161,7 +161,8 @@ def run_engine(engine, req: LaunchRequest, plan, log_dir: str, out, err, tracker
     # a live cell draws its display only once there is something to show (display/deferred_display.py)
     make = deferred_run_display if engine.defer_display else make_run_display
     display = make(report, plan.output, plan.progress) if engine.render == "widgets" else None
-    tabs = make_rank_tabs(plan.num_processes, plan.output, display is not None) if engine.log_tails is None else None
+    ranks = engine.ranks if engine.ranks is not None else range(plan.num_processes)
+    tabs = make_rank_tabs(ranks, plan.output, display is not None) if engine.log_tails is None else None
     if engine.log_tails is None:
         router = RankOutputRouter(
             plan.num_processes,
