@@ -222,7 +222,11 @@ def test_status_line_chart_report_and_config_in_a_realwrite_notebook(lab_server,
     nb_file = lab_server.root / "train.ipynb"
 
     def saved_tab() -> int | None:
-        state = json.loads(nb_file.read_text())["metadata"].get("widgets", {})
+        try:
+            saved = json.loads(nb_file.read_text())
+        except json.JSONDecodeError:  # caught mid-save: Jupyter's server writes the file in place (its backup aside)
+            return None
+        state = saved["metadata"].get("widgets", {})
         models = state.get("application/vnd.jupyter.widget-state+json", {}).get("state", {}).values()
         return next((m["state"]["selected_index"] for m in models if m["model_name"] == "TabModel"), None)
 
