@@ -41,6 +41,13 @@ def test_a_ray_one_shot_cell_says_once_that_the_debugger_does_not_reach_its_rank
     assert "runs without JupyterLab's debugger" not in ray["stderr"]  # no rank tried to connect
 
 
+def test_the_ray_the_kernel_starts_comes_up_untouched_by_the_kernels_debugger(shown):
+    # joined to the kernel's debugger, Ray's dashboard process waited for a client that never attaches, and Ray
+    # gave it up a minute later, saying so in the cell (its log monitor waited on)
+    assert "Started a local Ray instance" in shown["ray"]["stderr"]
+    assert "Failed to start the dashboard" not in shown["ray"]["stderr"], shown["ray"]["stderr"]
+
+
 def test_each_ray_live_cell_says_it_once_and_runs_with_the_ranks_state_kept(shown):
     assert shown["live_start"]["error"] is None, shown["live_start"]
     for cell in shown["live"]:

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 
-from ..debugger.undebugged import undebugged
+from ..debugger.undebugged import import_undebugged, ranks_start_undebugged, undebugged
 from ..errors import LaunchConfigError
 from ..worker.context import set_current
 from ..worker.lifecycle import RankSpec, run_rank
@@ -171,27 +171,32 @@ def _fit(
 
 def connect(address: str, num_cpus: int, *, quiet: bool = False) -> None:
     """Join the Ray cluster at ``address``, or start one on 127.0.0.1 for this kernel when it is 'local'.
-    ``quiet``: Ray's own INFO lines ("Connecting to existing Ray cluster...") stay out of the cell."""
+    ``quiet``: Ray's own INFO lines ("Connecting to existing Ray cluster...") stay out of the cell.
+
+    With JupyterLab's debugger on, Ray is imported outside its tracing, and the Python processes Ray starts here
+    (its dashboard, log monitor) start untouched by it: joined to the kernel's debugger, each would wait for a
+    client that never attaches (Ray gives its dashboard up after a minute; the others wait on)."""
     import logging
 
-    import ray
-
+    ray = import_undebugged("ray")
     level = {"logging_level": logging.WARNING} if quiet else {}
 
     if ray.is_initialized():
         return
     if address == "local":
-        ray.init(
-            address="local",
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            num_cpus=num_cpus,
-            log_to_driver=False,
-            **level,
-        )
+        with ranks_start_undebugged():
+            ray.init(
+                address="local",
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                num_cpus=num_cpus,
+                log_to_driver=False,
+                **level,
+            )
     else:
         try:
-            ray.init(address=address, log_to_driver=False, **level)
+            with ranks_start_undebugged():
+                ray.init(address=address, log_to_driver=False, **level)
         except ConnectionError as e:
             raise LaunchConfigError(
                 "ray_address",
