@@ -44,6 +44,7 @@ class InterruptGate:
         self.depth = 0
         self.previous = None
         self.wake_r, self.wake_w = -1, -1
+        self.drained_at = 0  # ``presses`` when the pipe was last emptied: the handler counts before it writes
 
     # -- the handler: count and wake, nothing else ------------------------------------------------
     def _on_sigint(self, signum, frame) -> None:
@@ -64,8 +65,10 @@ class InterruptGate:
         return True
 
     def check(self) -> None:
-        """Raise ``KeyboardInterrupt`` here if ■ was pressed since the last check."""
-        self.drain()
+        """Raise ``KeyboardInterrupt`` here if ■ was pressed since the last check. (The kernel loop asks at every
+        turn: without a press since the last drain the pipe is empty, and is not read.)"""
+        if self.presses != self.drained_at:
+            self.drain()
         if self.pending():
             self.acted_on = self.presses
             self.first_at = time.monotonic()
@@ -78,6 +81,7 @@ class InterruptGate:
 
     def drain(self) -> None:
         """Empty the wake-up pipe (the selector watching it would otherwise wake at once, again and again)."""
+        self.drained_at = self.presses
         if self.wake_r < 0:
             return
         try:
@@ -100,7 +104,7 @@ class InterruptGate:
             current = signal.signal(signal.SIGINT, self._on_sigint)
             # the tail of an earlier interrupt's storm is not needed while counting: keep the handler under it
             self.previous = current.previous if isinstance(current, _QuietTail) else current
-            self.presses = self.acted_on = 0
+            self.presses = self.acted_on = self.drained_at = 0
             self.first_at = None
         self.depth += 1
         return True
@@ -112,7 +116,8 @@ class InterruptGate:
         self.depth -= 1
         if self.depth:
             return False
-        self.drain()
+        if self.presses != self.drained_at:
+            self.drain()
         unacted = self.pending()
         if unacted and not raising:
             self.acted_on = self.presses

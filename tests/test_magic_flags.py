@@ -82,3 +82,20 @@ def test_ranks_need_a_live_session_and_must_exist_in_it():
     assert parse_ranks("2,0", 4) == (0, 2) and parse_ranks("all", 4) is None and parse_ranks((1,), 2) == (1,)
     with pytest.raises(LaunchConfigError, match="0..1"):
         parse_ranks("5", 2)
+
+
+def test_a_cell_line_is_parsed_once_and_each_cell_gets_its_own_copy_and_bad_flags_fail_every_time():
+    from IPython.core.error import UsageError
+
+    from kernelside.notebook import magics
+
+    line = "-n 2 --return model,losses --timeout 30"
+    first = magics._cell_flags(DistributedMagics.distributed, line)
+    first.return_names = "changed by the caller"
+    again = magics._cell_flags(DistributedMagics.distributed, line)
+    assert again is not first and again.return_names == "model,losses" and again.timeout == 30.0
+    assert vars(again) == vars(DistributedMagics.distributed.parser.parse_args(line.split()))
+    for _ in range(2):  # (never kept: the error comes with every run of the cell)
+        with pytest.raises(UsageError):
+            magics._cell_flags(DistributedMagics.distributed, "-n two")
+    assert "-n two" not in magics._PARSED

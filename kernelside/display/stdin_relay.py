@@ -42,16 +42,18 @@ WITHDRAW_WAIT_S = 1.0
 class StdinRelay:
     """Asks the frontend for one line at a time, in a thread; answers are delivered by the kernel loop."""
 
-    def __init__(self, show_text=None):
-        """``show_text(text)``: writes a rank's debugger text into the cell (before its prompt)."""
+    def __init__(self, show_text=None, on_wake_fd=None):
+        """``show_text(text)``: writes a rank's debugger text into the cell (before its prompt);
+        ``on_wake_fd(fd)``: called with ``wake_fd`` when the first question makes it (the loop watches it from
+        then on). A launch whose ranks never ask costs no pipe: most cells ask nothing."""
         self._show_text = show_text
+        self._on_wake_fd = on_wake_fd
         self._turns: collections.deque = collections.deque()  # (reply_fd, request) waiting for their turn
         self._busy = False
         # the kernel's forwarding functions, as the launching cell sees them (ipykernel swaps them per request)
         self._ask_line = builtins.input
         self._ask_secret = getpass.getpass
-        self.wake_fd, self._wake_w = os.pipe()
-        os.set_blocking(self.wake_fd, False)
+        self.wake_fd = self._wake_w = -1  # made by the first question (``_next``)
         self._answers: queue.SimpleQueue = queue.SimpleQueue()
         self._lock = threading.Lock()  # guards _wake_w against close() (an fd number can be reused)
         self._closed = False
@@ -71,6 +73,11 @@ class StdinRelay:
     def _next(self) -> None:
         if self._busy or not self._turns:
             return
+        if self.wake_fd < 0:
+            self.wake_fd, self._wake_w = os.pipe()
+            os.set_blocking(self.wake_fd, False)
+            if self._on_wake_fd is not None:
+                self._on_wake_fd(self.wake_fd)
         reply_fd, request, ctx = self._turns.popleft()
         self._busy = True
         self.asked += 1
@@ -123,10 +130,11 @@ class StdinRelay:
         with self._lock:
             self._closed = True
             for fd in (self.wake_fd, self._wake_w):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
 
 
 def _send(fd: int, data: bytes) -> None:

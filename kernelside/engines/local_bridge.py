@@ -23,15 +23,12 @@ RANK = 0
 class NotebookBridge:
     """Rank 0's rich output and the ranks' prompts for one launch."""
 
-    def __init__(self, recorder):
+    def __init__(self, recorder, on_wake_fd=None):
+        """``on_wake_fd(fd)``: the loop's to watch from the first prompt on; readable when an answer from the
+        frontend is ready (the loop then calls ``on_wake()``)."""
         self.rich = CellRichOutput(recorder.router)
         self.rec = recorder
-        self.stdin = StdinRelay(show_text=self._show_debugger_text)
-
-    @property
-    def wake_fd(self) -> int:
-        """Readable when an answer from the frontend is ready: the loop then calls ``on_wake()``."""
-        return self.stdin.wake_fd
+        self.stdin = StdinRelay(show_text=self._show_debugger_text, on_wake_fd=on_wake_fd)
 
     def on_event(self, w, kind: str, payload: dict) -> None:
         """A ``display`` or ``input_request`` event (the text before it is out already)."""

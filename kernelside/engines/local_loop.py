@@ -64,6 +64,14 @@ class RankMux:
             self.sel.register(w.pidfd, selectors.EVENT_READ, (w, "exit"))
         self.own = set(self.sel.get_map())
 
+    def watch(self, fd: int, data, keep: bool) -> None:
+        """``fd`` on the selector; ``keep``: from run to run (an fd as long-lived as this process, registered once)."""
+        if fd in self.own:
+            return
+        self.sel.register(fd, selectors.EVENT_READ, data)
+        if keep:
+            self.own.add(fd)
+
     def end_run(self) -> None:
         """Take off what a run registered (its bridge, the interrupt fd, a tracker's Stop): the next adds its own."""
         for fd in [fd for fd in self.sel.get_map() if fd not in self.own]:
@@ -89,12 +97,11 @@ class EventLoop:
         self.mux = mux if mux is not None else RankMux(group)
         self.mux.end_run()  # (what a run that never got to finish() left registered: this run registers its own)
         self.polling, self.sel, self.readers = self.mux.polling, self.mux.sel, self.mux.readers
-        # rank 0's display() and the ranks' input() reach the notebook
-        self.bridge = NotebookBridge(recorder)
-        self.sel.register(self.bridge.wake_fd, selectors.EVENT_READ, (None, "stdin"))
+        # rank 0's display() and the ranks' input() reach the notebook (the answers' pipe: from the first prompt)
+        self.bridge = NotebookBridge(recorder, lambda fd: self.sel.register(fd, selectors.EVENT_READ, (None, "stdin")))
         pressed = interrupts.wake_fd()  # ■ wakes the loop at once; the runner acts on it after this poll
         if pressed is not None:
-            self.sel.register(pressed, selectors.EVENT_READ, (None, "interrupt"))
+            self.mux.watch(pressed, (None, "interrupt"), keep=self.lent)  # (the gate's pipe is the process's)
         control = recorder.observers.control
         if control is not None:  # the Runs view's Stop and stacks, served from this loop
             control.attach(self.sel, lambda place: recorder.stop_requested(stopped_message(place)), self.stack_targets)

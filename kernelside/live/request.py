@@ -74,9 +74,10 @@ class LiveRequest:
         output = self.output
         if output is None:
             output = plan.output if (0 in ranks or plan.output != "rank0") else "all"
-        return dataclasses.replace(
-            plan, output=output, progress=self.progress or plan.progress, timeout=self.timeout or plan.timeout
-        )
+        progress, timeout = self.progress or plan.progress, self.timeout or plan.timeout
+        if (output, progress, timeout) == (plan.output, plan.progress, plan.timeout):
+            return plan  # (most cells: the session's own; a plan is frozen)
+        return dataclasses.replace(plan, output=output, progress=progress, timeout=timeout)
 
     def render(self, default: str) -> str:
         """How its output is shown: a pdb conversation with one rank is its lines in the cell, nothing drawn."""

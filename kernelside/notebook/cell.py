@@ -44,6 +44,11 @@ class CellProgram:
     namespace: dict | None = None  # fork: the notebook's own namespace (inherited); spawn: the names shipped
     debugger: str = ""  # JupyterLab's debugger on: the kernel's address a rank not yet debugged connects to
 
+    @property
+    def pickles_plainly(self) -> bool:
+        """Plain pickle sends it whole (``live.names.dumps``): text and flags, without a namespace of values."""
+        return self.namespace is None
+
     def with_namespace(self, namespace: dict) -> CellProgram:
         """This program run in ``namespace`` (a copy: the program itself is never changed)."""
         return dataclasses.replace(self, namespace=namespace)

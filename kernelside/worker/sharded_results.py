@@ -239,15 +239,15 @@ def _store(dist, relay: bool):
 
 
 def _post(dist, gathers: list[_Gather], keep: bool, run: str, relay: bool, left: bool = False):
-    """This rank's record (``gather_agreement``), written unless the kernel writes it; returns (store, the keys of
-    every rank) or None when there is no store to agree through."""
+    """This rank's record (``gather_agreement``), written unless the kernel writes it; returns the store, or None
+    when there is no store to agree through."""
     store, relayed = _store(dist, relay)
     if store is None:
         return None
     if gathers or left or not relayed:  # relayed and nothing sharded: the kernel writes it if a peer gathers
         sharded = [(g.kind, g.meta) for g in gathers]
         store.set(agreement.key(run, dist.get_rank()), agreement.record(sharded, [g.path for g in gathers], keep, left))
-    return store, [agreement.key(run, r) for r in range(dist.get_world_size())]
+    return store
 
 
 def _agree(dist, gathers: list[_Gather], keep: bool, run: str, relay: bool) -> set[int]:
@@ -257,10 +257,10 @@ def _agree(dist, gathers: list[_Gather], keep: bool, run: str, relay: bool) -> s
     waits here (so a rank that is slow, or ends by ``os._exit``, costs nothing), and a rank that gathers
     always learns what its peers hold before the first collective.
     """
-    posted = _post(dist, gathers, keep, run, relay)
-    if posted is None or not gathers:
+    store = _post(dist, gathers, keep, run, relay)
+    if store is None or not gathers:
         return {dist.get_rank()} if keep else set()
-    store, keys = posted
+    keys = [agreement.key(run, r) for r in range(dist.get_world_size())]
     store.wait(keys, _AGREE_WAIT)
     lists = [pickle.loads(b) for b in store.multi_get(keys)]
     mine = lists[dist.get_rank()]
