@@ -99,8 +99,12 @@ lint: venv
 	$(VENV)/bin/ruff check kernelside jupyter_ext tests bench notebooks buildhooks
 	$(VENV)/bin/ruff format --check kernelside jupyter_ext tests bench notebooks buildhooks
 
+# TEST_WORKERS: pytest processes side by side, each test file whole in one of them (--dist loadfile: a module's
+# fixtures, a Ray cluster say, start once). Two on 2 cores: the suite waits on kernels, servers and browsers for
+# much of its time. TEST_WORKERS=0 runs it in this process, one test after another.
+TEST_WORKERS ?= 2
 test: venv frontend frontend-test lint
-	$(PY) -m pytest tests --durations=30
+	$(PY) -m pytest tests -n $(TEST_WORKERS) --dist loadfile --durations=30
 
 # The marks are set from the fixtures each test asks for (tests/conftest.py); `make test` runs every layer.
 FAST_LAYER := not processes and not server

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from pathlib import Path
 
 from lab_notebooks import write_notebook
@@ -96,9 +97,25 @@ def run_lab(python: str, tmp_path: Path, log_name: str = "jupyter-lab.log", env:
     threading.Thread(target=copy_log, daemon=True).start()
     try:
         assert ready.wait(90) and process.poll() is None, f"jupyter lab did not start; see {log}"
+        assert _accepts(port, process), f"jupyter lab said it runs on port {port} but takes no connection; see {log}"
         yield LabServer(root, port, token, process, log)
     finally:
         _stop(process)
+
+
+def _accepts(port: int, process: subprocess.Popen, within_s: float = 30.0) -> bool:
+    """The server takes a TCP connection on ``port`` (its log line is not proof enough: a browser refused by a
+    server that logged its URL a moment before was seen once, in a run with a second pytest worker beside it)."""
+    deadline = time.monotonic() + within_s
+    while process.poll() is None:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=2):
+                return True
+        except OSError:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.1)
+    return False
 
 
 def _stop(process: subprocess.Popen) -> None:
