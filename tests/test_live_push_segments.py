@@ -69,13 +69,13 @@ def test_a_pushed_tensor_is_mapped_by_every_rank_and_each_ranks_changes_stay_its
     assert _segments(shm) == []  # the kernel took the file away once every rank had it
     cell = kernel.run(
         "%%distributed --return-from all --return where,own,own_after\nimport torch.distributed as dist\n"
-        "where = mapped_from(big)\ntotal = int(big.sum())\ndist.barrier()\nown = private_kib(big)\n"
+        "where = mapped_from(big)\ntotal = int(big.sum())\ndist.barrier()\nown = private_kib(big)\ndist.barrier()\n"
         "big[0] = 100 + rank\nown_after = private_kib(big)"
     ).ok()
     assert cell.error is None
-    # read all through by every rank (the barrier: a page only one rank has touched yet counts as that rank's own),
-    # the value is still the one copy in shared memory: no rank holds a page of it of its own, and a change copies
-    # only the page it is on
+    # read all through by every rank, the value is still the one copy in shared memory: no rank holds a page of it
+    # of its own, and a change copies only the page it is on. (The barriers: a page only one rank maps counts as
+    # that rank's own, so each rank measures once every rank has read it all, and before any rank has changed it.)
     assert eval(_out(kernel, "print(own)")) == [0, 0], _out(kernel, "print(own, own_after)")
     assert all(0 < kib <= 64 for kib in eval(_out(kernel, "print(own_after)"))), _out(kernel, "print(own_after)")
     where = eval(_out(kernel, "print(where)"))
