@@ -96,14 +96,17 @@ class StdinRelay:
             reply["value"] = str(fn(request.get("prompt", "")))
         except BaseException as e:  # noqa: B036 - whatever the kernel's input() raised, the rank raises
             reply["error"] = {"type": type(e).__name__, "message": str(e)}
-        self._answers.put((reply_fd, reply))
-        with self._lock:
-            self._busy = False  # before the wake: on_wake() then starts the next question
-            if not self._closed:
-                try:
-                    os.write(self._wake_w, b"!")
-                except OSError:
-                    pass
+        try:
+            self._answers.put((reply_fd, reply))
+            with self._lock:
+                self._busy = False  # before the wake: on_wake() then starts the next question
+                if not self._closed:
+                    try:
+                        os.write(self._wake_w, b"!")
+                    except OSError:
+                        pass
+        except KeyboardInterrupt:
+            pass  # a withdrawal (close()) that came as the answer was being handed over: the launch is over anyway
 
     def on_wake(self) -> None:
         """(kernel loop) Hand every answer that arrived to its rank."""
@@ -125,7 +128,10 @@ class StdinRelay:
         self._turns.clear()
         thread = self._thread
         if thread is not None and thread.is_alive():
-            _raise_in_thread(thread, KeyboardInterrupt)
+            with self._lock:
+                open_question = self._busy  # (an answered question's thread is only finishing: not interrupted)
+            if open_question:
+                _raise_in_thread(thread, KeyboardInterrupt)
             thread.join(WITHDRAW_WAIT_S)
         with self._lock:
             self._closed = True
