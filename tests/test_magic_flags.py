@@ -90,12 +90,13 @@ def test_a_cell_line_is_parsed_once_and_each_cell_gets_its_own_copy_and_bad_flag
     from kernelside.notebook import magics
 
     line = "-n 2 --return model,losses --timeout 30"
-    first = magics._cell_flags(DistributedMagics.distributed, line)
+    first = magics._cell_flags(line)
     first.return_names = "changed by the caller"
-    again = magics._cell_flags(DistributedMagics.distributed, line)
+    again = magics._cell_flags(line)
     assert again is not first and again.return_names == "model,losses" and again.timeout == 30.0
     assert vars(again) == vars(DistributedMagics.distributed.parser.parse_args(line.split()))
+    kept = magics._parsed_flags.cache_info().currsize
     for _ in range(2):  # (never kept: the error comes with every run of the cell)
         with pytest.raises(UsageError):
-            magics._cell_flags(DistributedMagics.distributed, "-n two")
-    assert "-n two" not in magics._PARSED
+            magics._cell_flags("-n two")
+    assert magics._parsed_flags.cache_info().currsize == kept

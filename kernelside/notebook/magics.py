@@ -17,6 +17,7 @@ Example (in a notebook)::
 from __future__ import annotations
 
 import argparse
+import functools
 
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
@@ -52,22 +53,17 @@ def _return_from(spec: str) -> int | str:
     raise LaunchConfigError("--return-from", spec, "a rank number (0, 1, ...) or 'all'")
 
 
-# The flags of each %%distributed line, parsed once per text: a live session runs the same cell (and its first line)
-# again and again, and argparse costs a cell more than anything else the magic does before the ranks get it.
-_PARSED: dict[str, argparse.Namespace] = {}
-_PARSED_MAX = 64
+def _cell_flags(line: str) -> argparse.Namespace:
+    """The flags of a ``%%distributed`` line, a fresh copy for each cell (their values are str, int, float or None)."""
+    return argparse.Namespace(**vars(_parsed_flags(line)))
 
 
-def _cell_flags(magic, line: str) -> argparse.Namespace:
-    """``parse_argstring(magic, line)``, a fresh copy each time (its values are str, int, float or None; a line
-    with bad flags raises each time, as it is never kept)."""
-    parsed = _PARSED.get(line)
-    if parsed is None:
-        parsed = parse_argstring(magic, line)
-        if len(_PARSED) >= _PARSED_MAX:
-            _PARSED.pop(next(iter(_PARSED)))
-        _PARSED[line] = parsed
-    return argparse.Namespace(**vars(parsed))
+# Parsed once per text: a live session runs the same cell (and its first line) again and again, and argparse costs
+# a cell more than anything else the magic does before the ranks get it. A line with bad flags raises each time
+# (lru_cache keeps no exception).
+@functools.lru_cache(maxsize=64)
+def _parsed_flags(line: str) -> argparse.Namespace:
+    return parse_argstring(DistributedMagics.distributed, line)
 
 
 @magics_class
@@ -95,7 +91,7 @@ class DistributedMagics(Magics):
         ``%distributed_push NAMES``, ``%distributed_restart``, ``%distributed_stop``. Without a live
         session, each cell starts and ends its own workers.
         """
-        args = _cell_flags(self.distributed, line)
+        args = _cell_flags(line)
         request = CellRequest(
             cell,
             label=cell_label(self.shell),
